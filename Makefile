@@ -1,0 +1,60 @@
+# The two commands a new user needs: `make demo` and `make test`. Both do every set-up step first.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | cksum | cut -d' ' -f1)
+UV_VERSION := 0.13.9
+
+.PHONY: setup demo test lint typecheck unit integration e2e stop status lock clean
+
+# A virtualenv with the pinned dependencies of requirements.lock (re-installed when it changes).
+$(STAMP): requirements.lock pyproject.toml
+	@echo "==> creating the virtualenv in $(VENV) with the pinned dependencies"
+	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found: install Python 3.11"; exit 1; }
+	@$(PYTHON) -m venv $(VENV)
+	@$(BIN)/pip install -q --disable-pip-version-check uv==$(UV_VERSION)
+	@$(BIN)/uv pip install -q --python $(BIN)/python -r requirements.lock
+	@$(BIN)/uv pip install -q --python $(BIN)/python --no-deps -e .
+	@rm -f $(VENV)/.installed-*; touch $@
+
+# Everything a fresh machine needs: the venv, Java check, Kafka and Spark-Kafka jars, redis-server.
+setup: $(STAMP)
+	@$(BIN)/python -m infra setup
+
+demo: setup
+	@$(BIN)/python -m infra.demo
+
+test: setup lint typecheck
+	@$(BIN)/pytest -q -ra
+
+lint: $(STAMP)
+	@echo "==> ruff"
+	@$(BIN)/ruff check .
+	@$(BIN)/ruff format --check .
+
+typecheck: $(STAMP)
+	@echo "==> mypy"
+	@$(BIN)/mypy
+
+unit: $(STAMP)
+	@$(BIN)/pytest -q tests/unit
+
+integration: setup
+	@$(BIN)/pytest -q tests/integration
+
+e2e: setup
+	@$(BIN)/pytest -q tests/e2e
+
+# Stops everything `make demo` or the tests started, by pid file.
+stop:
+	@if [ -x $(BIN)/python ]; then $(BIN)/python -m infra down --all; else echo "nothing to stop"; fi
+
+status: $(STAMP)
+	@$(BIN)/python -m infra status
+
+# Re-pin the dependencies after editing pyproject.toml.
+lock: $(STAMP)
+	@$(BIN)/uv pip compile -q pyproject.toml --extra dev -o requirements.lock --python $(BIN)/python
+
+clean: stop
+	rm -rf .run .cache $(VENV)

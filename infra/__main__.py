@@ -1,0 +1,179 @@
+"""CLI: python -m infra {fetch,up,down,status,smoke} [--run-dir DIR] [ports...]."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from infra import fetch, procs
+from infra.errors import InfraError
+from infra.kafka_broker import KafkaBroker
+from infra.paths import CACHE_DIR, RUN_DIR
+from infra.redis_server import RedisServer
+
+console = Console(highlight=False, soft_wrap=True)
+err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def _step(msg: str) -> None:
+    console.print(f"[cyan]•[/] {escape(msg)}")
+
+
+def _done(msg: str, t0: float) -> None:
+    console.print(f"[green]✓[/] {escape(msg)} [dim]({time.monotonic() - t0:.1f} s)[/]")
+
+
+def cmd_fetch(args: argparse.Namespace) -> None:
+    for name, resolve in (("kafka", fetch.fetch_kafka), ("spark-kafka", fetch.fetch_spark_kafka)):
+        t0 = time.monotonic()
+        _step(f"{name} jars")
+        res = resolve(args.cache_dir, log=_step)
+        versions = ", ".join(f"{k}={v}" for k, v in res.versions.items())
+        how = "resolved with maven" if res.fetched else "cached, maven not run"
+        _done(f"{name}: {len(res.jars)} jars ({versions}; {how})", t0)
+    t0 = time.monotonic()
+    jars = fetch.spark_kafka_jars(args.cache_dir, log=_step)
+    _done(f"spark.jars after removing what pyspark ships: {', '.join(j.name for j in jars)}", t0)
+
+
+def _services(args: argparse.Namespace) -> tuple[KafkaBroker, RedisServer]:
+    kafka = KafkaBroker(
+        args.run_dir, args.kafka_port, args.controller_port, args.kafka_heap, cache_dir=args.cache_dir
+    )
+    return kafka, RedisServer(args.run_dir, args.redis_port)
+
+
+def cmd_up(args: argparse.Namespace) -> None:
+    cmd_fetch(args)
+    kafka, redis = _services(args)
+
+    t0 = time.monotonic()
+    reused = redis.pid is not None and redis.is_healthy()
+    _step(f"Redis on 127.0.0.1:{redis.port}")
+    pid = redis.up(log=_step)
+    _done(f"Redis {'already running' if reused else 'started'} (pid {pid}, {redis.url})", t0)
+
+    t0 = time.monotonic()
+    reused = kafka.pid is not None and kafka.is_healthy()
+    _step(f"Kafka broker on {kafka.bootstrap_servers} (log: {kafka.log_path})")
+    pid = kafka.up(args.timeout)
+    _done(
+        f"Kafka {'already running' if reused else 'ready'} (pid {pid}, bootstrap {kafka.bootstrap_servers})",
+        t0,
+    )
+
+
+def cmd_setup(args: argparse.Namespace) -> None:
+    """Every install step a fresh machine needs before anything starts (the venv is the Makefile's)."""
+    t0 = time.monotonic()
+    _step(f"java: {fetch.require_java()}")
+    cmd_fetch(args)
+    _step("redis-server (Debian package)")
+    RedisServer(args.run_dir, args.redis_port).ensure_installed()
+    _done("set-up complete", t0)
+
+
+def cmd_down(args: argparse.Namespace) -> None:
+    t0 = time.monotonic()
+    run_dirs = [args.run_dir]
+    if args.all:  # the demo's and the tests' run dirs too
+        run_dirs += sorted(p.parent for p in args.run_dir.glob("*/pids"))
+    stopped = [name for run_dir in run_dirs for name in procs.stop_all(run_dir)]
+    _done(f"stopped: {', '.join(stopped) if stopped else 'nothing was running'}", t0)
+
+
+def cmd_status(args: argparse.Namespace) -> None:
+    table = Table(title=f"infra status ({args.run_dir})")
+    for col in ("component", "pid", "port", "RSS MB", "alive", "ready"):
+        table.add_column(col, justify="right" if col in ("pid", "port", "RSS MB") else "left")
+    names = ["kafka", "redis", *(n for n in procs.known_names(args.run_dir) if n not in ("kafka", "redis"))]
+    for name in names:
+        pid = procs.pid_of(name, args.run_dir)
+        port = procs.recorded_port(name, args.run_dir)
+        ready: bool | None = None
+        if pid is not None:
+            if name == "kafka":
+                ready = KafkaBroker(args.run_dir, port or args.kafka_port).is_healthy()
+            elif name == "redis":
+                ready = RedisServer(args.run_dir, port or args.redis_port).is_healthy()
+            elif port is not None:
+                ready = procs.port_in_use(port)
+        table.add_row(
+            name,
+            str(pid) if pid else "-",
+            str(port) if port else "-",
+            f"{procs.rss_mb(pid):.0f}" if pid else "-",
+            "[green]yes[/]" if pid else "[red]no[/]",
+            "-" if ready is None else ("[green]yes[/]" if ready else "[red]no[/]"),
+        )
+    console.print(table)
+
+
+def cmd_smoke(args: argparse.Namespace) -> None:
+    from infra import smoke
+
+    kafka, redis = _services(args)
+    smoke.run(kafka, redis, spark=args.spark, log=_step, cache_dir=args.cache_dir)
+    console.print("[green]✓[/] smoke checks passed")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m infra", description="Local Kafka + Redis for the platform."
+    )
+    parser.add_argument(
+        "--run-dir", type=Path, default=RUN_DIR, help="data, logs and pid files (default: .run)"
+    )
+    parser.add_argument("--cache-dir", type=Path, default=CACHE_DIR, help=argparse.SUPPRESS)
+    parser.add_argument("--kafka-port", type=int, default=9092)
+    parser.add_argument("--controller-port", type=int, default=9093)
+    parser.add_argument("--redis-port", type=int, default=6379)
+    parser.add_argument("--kafka-heap", default="768m")
+    parser.add_argument("--timeout", type=float, default=60, help="seconds to wait for the broker")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("fetch", help="resolve the Kafka and spark-sql-kafka jars into .cache (once)")
+    sub.add_parser("up", help="fetch, then start Redis and Kafka and wait until they answer")
+    sub.add_parser("setup", help="check Java, fetch the jars, install redis-server when missing")
+    down = sub.add_parser(
+        "down", help="stop every process with a pid file (services, then Redis, then Kafka)"
+    )
+    down.add_argument("--all", action="store_true", help="also every run dir below --run-dir (demo, test)")
+    sub.add_parser("status", help="table of processes, ports, memory")
+    smoke = sub.add_parser("smoke", help="produce/consume (plain + transactional) and Redis checks")
+    smoke.add_argument("--spark", action="store_true", help="also read the topic with Spark's Kafka source")
+    return parser
+
+
+COMMANDS = {
+    "setup": cmd_setup,
+    "fetch": cmd_fetch,
+    "up": cmd_up,
+    "down": cmd_down,
+    "status": cmd_status,
+    "smoke": cmd_smoke,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    args.run_dir = args.run_dir.resolve()
+    try:
+        COMMANDS[args.command](args)
+    except InfraError as e:
+        err_console.print(f"[red]error:[/] {escape(str(e))}")
+        return 1
+    except KeyboardInterrupt:
+        err_console.print("[red]interrupted[/]")
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

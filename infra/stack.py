@@ -1,0 +1,158 @@
+"""The whole platform on one machine: broker, Redis and the four services as separate processes.
+
+`make demo` and the end-to-end tests start the same stack through this module, on different ports
+and run directories, so a test run never disturbs a running demo.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from infra import procs
+from infra.errors import InfraError
+from infra.fetch import spark_kafka_jars
+from infra.kafka_broker import KafkaBroker
+from infra.paths import ROOT, RUN_DIR
+from infra.redis_server import RedisServer
+
+SERVICES = ("ingest", "processor", "sink", "control")
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    run_dir: Path = RUN_DIR / "demo"
+    kafka_port: int = 9092
+    controller_port: int = 9093
+    redis_port: int = 6379
+    control_port: int = 8081
+    spark_ui_port: int = 4040
+    # Prometheus ports of ingest, processor and sink, in that order.
+    metrics_ports: tuple[int, int, int] = (9101, 9102, 9103)
+    job_specs: tuple[Path, ...] = field(default=())
+    kafka_heap: str = "768m"
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.kafka_port}"
+
+    @property
+    def redis_url(self) -> str:
+        return f"redis://127.0.0.1:{self.redis_port}/0"
+
+    @property
+    def control_url(self) -> str:
+        return f"http://127.0.0.1:{self.control_port}"
+
+    @property
+    def data_dir(self) -> Path:
+        return self.run_dir / "data"
+
+
+def broker(cfg: StackConfig) -> KafkaBroker:
+    return KafkaBroker(
+        cfg.run_dir, port=cfg.kafka_port, controller_port=cfg.controller_port, heap=cfg.kafka_heap
+    )
+
+
+def redis_server(cfg: StackConfig) -> RedisServer:
+    return RedisServer(cfg.run_dir, port=cfg.redis_port)
+
+
+def start_infrastructure(cfg: StackConfig, step: Callable[[str], None] = print) -> None:
+    """Redis and the Kafka broker, up and answering (reused when already running)."""
+    r = redis_server(cfg)
+    step("Redis: checking the redis-server package")
+    r.ensure_installed()
+    step(f"Redis: starting on 127.0.0.1:{cfg.redis_port}")
+    r.start()
+    r.wait_ready()
+    k = broker(cfg)
+    step(f"Kafka: starting a KRaft broker on {cfg.bootstrap}")
+    k.start()
+    k.wait_ready()
+
+
+def service_env(cfg: StackConfig) -> dict[str, str]:
+    """Everything the services are configured with: one environment, read by their Settings."""
+    specs = json.dumps([str(p.resolve()) for p in cfg.job_specs])
+    ingest_port, processor_port, sink_port = cfg.metrics_ports
+    return {
+        "SF_KAFKA_BOOTSTRAP": cfg.bootstrap,
+        "SF_REDIS_URL": cfg.redis_url,
+        "SF_DATA_DIR": str(cfg.data_dir.resolve()),
+        "SF_INGEST_JOB_SPECS": specs,
+        "SF_INGEST_METRICS_PORT": str(ingest_port),
+        "SF_PROCESSOR_JOB_SPECS": specs,
+        "SF_PROCESSOR_SPARK_JARS": json.dumps([str(p) for p in spark_kafka_jars()]),
+        "SF_PROCESSOR_SPARK_UI_PORT": str(cfg.spark_ui_port),
+        "SF_PROCESSOR_METRICS_PORT": str(processor_port),
+        "SF_SINK_METRICS_PORT": str(sink_port),
+        "SF_CONTROL_PORT": str(cfg.control_port),
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def start_service(cfg: StackConfig, name: str, extra_env: dict[str, str] | None = None) -> int:
+    if name not in SERVICES:
+        raise InfraError(f"unknown service {name!r}; the services are {', '.join(SERVICES)}")
+    env = {**service_env(cfg), **(extra_env or {})}
+    return procs.start_process(
+        name, [sys.executable, "-m", f"services.{name}"], cfg.run_dir, env=env, cwd=ROOT
+    )
+
+
+def _port_of(cfg: StackConfig, name: str) -> int:
+    return {
+        "ingest": cfg.metrics_ports[0],
+        "processor": cfg.metrics_ports[1],
+        "sink": cfg.metrics_ports[2],
+        "control": cfg.control_port,
+    }[name]
+
+
+def wait_service_ready(cfg: StackConfig, name: str, timeout_s: float = 120) -> None:
+    """A service is up once its HTTP port answers (control: /readyz says ready)."""
+    log = cfg.run_dir / "logs" / f"{name}.log"
+    url = (
+        f"{cfg.control_url}/readyz"
+        if name == "control"
+        else f"http://127.0.0.1:{_port_of(cfg, name)}/metrics"
+    )
+
+    def ready() -> bool:
+        if not procs.is_running(name, cfg.run_dir):
+            raise InfraError(f"{name} exited during start-up; see {log}:\n{_tail(log)}")
+        return _http_ok(url)
+
+    procs.wait_for(ready, timeout_s, f"{name} to be ready", log_path=log)
+
+
+def start_services(
+    cfg: StackConfig, names: Sequence[str] = SERVICES, step: Callable[[str], None] = print
+) -> None:
+    for name in names:
+        step(f"starting {name}")
+        start_service(cfg, name)
+    for name in names:
+        wait_service_ready(cfg, name)
+        step(f"{name} ready (pid {procs.pid_of(name, cfg.run_dir)})")
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"

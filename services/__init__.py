@@ -1,0 +1,1 @@
+"""The platform's services; each runs as `python -m services.<name>`."""

@@ -1,0 +1,1 @@
+"""Control: the REST API users drive the platform with (results, health)."""

@@ -1,0 +1,1 @@
+"""Ingest: validates raw events, keys them and forwards them exactly once; bad records go to the DLQ."""

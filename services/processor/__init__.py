@@ -1,0 +1,1 @@
+"""Processor: one SparkSession, one Structured Streaming query per job spec."""

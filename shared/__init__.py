@@ -1,0 +1,1 @@
+"""The platform's own shared package: settings, Kafka helpers, job specs, constants."""

@@ -1,0 +1,59 @@
+"""Topic names, Kafka header names and the Redis key layout: the contracts between services.
+
+Every service imports these; nothing else spells a topic, header or Redis key by hand.
+"""
+
+from __future__ import annotations
+
+# --- Kafka topics -----------------------------------------------------------------------------------
+# Producers write raw JSON to a stream's raw topic (named in the job spec, e.g. "clicks"). Ingest derives
+# the other topics of that stream from its name, so one raw topic owns one family of topics.
+VALID_SUFFIX = ".valid"
+DLQ_SUFFIX = ".dlq"
+LATE_SUFFIX = ".late"
+DEFAULT_AGGREGATES_TOPIC = "aggregates"
+
+
+def valid_topic(raw_topic: str) -> str:
+    """Topic that ingest forwards validated, normalised events of ``raw_topic`` to."""
+    return raw_topic + VALID_SUFFIX
+
+
+def dlq_topic(raw_topic: str) -> str:
+    """Dead-letter topic: records of ``raw_topic`` that failed validation, with reason headers."""
+    return raw_topic + DLQ_SUFFIX
+
+
+def late_topic(raw_topic: str) -> str:
+    """Events of ``raw_topic`` older than the watermark minus the allowed lateness."""
+    return raw_topic + LATE_SUFFIX
+
+
+# --- Kafka headers ----------------------------------------------------------------------------------
+# Dead-letter headers follow Kafka Connect's DLQ convention (`__connect.errors.*`) under our own prefix.
+HDR_ERROR_CLASS = "sf.errors.class"
+HDR_ERROR_MESSAGE = "sf.errors.message"
+HDR_SOURCE_TOPIC = "sf.errors.topic"
+HDR_SOURCE_PARTITION = "sf.errors.partition"
+HDR_SOURCE_OFFSET = "sf.errors.offset"
+HDR_SERVICE = "sf.errors.service"
+HDR_ERROR_TIME_MS = "sf.errors.time_ms"
+
+# --- Redis key layout -------------------------------------------------------------------------------
+# sf:job:{job}:win:{key}:{window_start_ms}  HASH  one window's result: window_start, window_end,
+#                                                 every aggregate, version, final, updated_at_ms
+# sf:job:{job}:idx:{key}                    ZSET  member = score = window_start_ms, for range queries
+# sf:job:{job}:keys                         SET   every key the job has produced a result for
+REDIS_PREFIX = "sf"
+
+
+def redis_window_key(job_id: str, key: str, window_start_ms: int) -> str:
+    return f"{REDIS_PREFIX}:job:{job_id}:win:{key}:{window_start_ms}"
+
+
+def redis_window_index_key(job_id: str, key: str) -> str:
+    return f"{REDIS_PREFIX}:job:{job_id}:idx:{key}"
+
+
+def redis_job_keys_key(job_id: str) -> str:
+    return f"{REDIS_PREFIX}:job:{job_id}:keys"

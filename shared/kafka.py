@@ -1,0 +1,111 @@
+"""Kafka helpers shared by the services: client configs and topic creation."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+
+from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from shared import constants
+
+log = logging.getLogger(__name__)
+
+
+def admin(bootstrap: str) -> AdminClient:
+    return AdminClient({"bootstrap.servers": bootstrap})
+
+
+def ensure_topics(bootstrap: str, topics: Iterable[str], partitions: int, timeout_s: float = 30.0) -> None:
+    """Create the topics that do not exist yet; an existing topic is left as it is."""
+    client = admin(bootstrap)
+    wanted = sorted(set(topics))
+    existing = set(client.list_topics(timeout=timeout_s).topics)
+    new = [NewTopic(t, num_partitions=partitions, replication_factor=1) for t in wanted if t not in existing]
+    if not new:
+        return
+    for topic, fut in client.create_topics(new, operation_timeout=timeout_s).items():
+        try:
+            fut.result()
+            log.info("created topic %s with %d partition(s)", topic, partitions)
+        except KafkaException as e:
+            # Another replica may have created it between our listing and our request.
+            if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise
+
+
+def consumer_config(bootstrap: str, group_id: str, **extra: object) -> dict[str, object]:
+    """A consumer that only sees committed transactions and commits its offsets explicitly."""
+    return {
+        "bootstrap.servers": bootstrap,
+        "group.id": group_id,
+        "isolation.level": "read_committed",
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "earliest",
+        **extra,
+    }
+
+
+def check_metadata(bootstrap: str, timeout_s: float = 3.0) -> bool:
+    """True when the cluster answers a metadata request: what /readyz means by 'Kafka is up'."""
+    try:
+        admin(bootstrap).list_topics(timeout=timeout_s)
+        return True
+    except KafkaException:
+        return False
+
+
+def coordinates(m: Message) -> tuple[str, int, int]:
+    """(topic, partition, offset) of a consumed record."""
+    topic, partition, offset = m.topic(), m.partition(), m.offset()
+    if topic is None or partition is None or offset is None:
+        raise ValueError("message has no topic/partition/offset: it was not consumed from Kafka")
+    return topic, partition, offset
+
+
+def is_record(m: Message) -> bool:
+    """True for a real record; consume errors are logged and skipped (partition EOF silently)."""
+    err = m.error()
+    if err is None:
+        return True
+    if err.code() != KafkaError._PARTITION_EOF:
+        log.warning("consume error: %s", err)
+    return False
+
+
+def next_offsets(records: Iterable[Message]) -> list[TopicPartition]:
+    """The offsets to commit after ``records``: one past the last record of each partition."""
+    last: dict[tuple[str, int], int] = {}
+    for m in records:
+        topic, partition, offset = coordinates(m)
+        last[(topic, partition)] = max(offset + 1, last.get((topic, partition), 0))
+    return [TopicPartition(t, p, o) for (t, p), o in last.items()]
+
+
+def first_offsets(records: Iterable[Message]) -> list[TopicPartition]:
+    """Where to seek back to so that ``records`` are read again."""
+    first: dict[tuple[str, int], int] = {}
+    for m in records:
+        topic, partition, offset = coordinates(m)
+        first[(topic, partition)] = min(offset, first.get((topic, partition), offset))
+    return [TopicPartition(t, p, o) for (t, p), o in first.items()]
+
+
+def dead_letter_headers(
+    m: Message, error_class: str, message: str, service: str
+) -> list[tuple[str, str | bytes | None]]:
+    """The record's own headers plus why it was rejected and where it came from."""
+    topic, partition, offset = coordinates(m)
+    return [
+        *(m.headers() or []),
+        (constants.HDR_ERROR_CLASS, error_class.encode()),
+        (constants.HDR_ERROR_MESSAGE, message[:4000].encode()),
+        (constants.HDR_SOURCE_TOPIC, topic.encode()),
+        (constants.HDR_SOURCE_PARTITION, str(partition).encode()),
+        (constants.HDR_SOURCE_OFFSET, str(offset).encode()),
+        (constants.HDR_SERVICE, service.encode()),
+        (constants.HDR_ERROR_TIME_MS, str(int(time.time() * 1000)).encode()),
+    ]

@@ -1,0 +1,21 @@
+"""Prometheus metrics every service exposes, named as the design documents name them."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram, start_http_server
+
+RECORDS_PROCESSED = Counter(
+    "records_processed_total", "Records a service handled successfully", ["service", "job"]
+)
+PROCESSING_LATENCY = Histogram(
+    "processing_latency_seconds",
+    "Wall time a service spent on one batch of records",
+    ["service", "job"],
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+DLQ_EVENTS = Counter("dlq_events_total", "Records sent to a dead-letter topic", ["service", "job", "reason"])
+
+
+def serve_metrics(port: int, host: str = "127.0.0.1") -> None:
+    """Expose /metrics on its own port (the FastAPI control service mounts it on its app instead)."""
+    start_http_server(port, addr=host)

@@ -1,0 +1,31 @@
+"""Settings: one base class with what every service shares, one subclass per service.
+
+Shared values come from ``SF_*`` variables (``SF_KAFKA_BOOTSTRAP``, ``SF_REDIS_URL``, ...) so one
+environment configures the whole platform; a service's own values come from its prefix
+(``SF_INGEST_*``, ``SF_PROCESSOR_*``, ...). Settings are built in ``main()``, never at import.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
+
+
+def _shared(name: str) -> AliasChoices:
+    # A shared field is read from SF_<NAME> whatever the subclass's prefix, and by its own name in code.
+    return AliasChoices(f"SF_{name.upper()}", name)
+
+
+class BaseServiceSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SF_", extra="ignore", populate_by_name=True)
+
+    kafka_bootstrap: str = Field("127.0.0.1:9092", validation_alias=_shared("kafka_bootstrap"))
+    redis_url: str = Field("redis://127.0.0.1:6379/0", validation_alias=_shared("redis_url"))
+    log_level: LogLevel = Field("INFO", validation_alias=_shared("log_level"))
+    # Where services keep local state (checkpoints, ...) unless told otherwise.
+    data_dir: str = Field(".run/data", validation_alias=_shared("data_dir"))
+    topic_partitions: int = Field(2, ge=1, validation_alias=_shared("topic_partitions"))

@@ -1,0 +1,72 @@
+"""Session fixtures that start the real components: a Kafka broker, Redis, a SparkSession.
+
+They run on their own ports and run directory (.run/test), so tests never touch a running demo.
+Nothing here is mocked: a test that needs Kafka gets the real broker.
+"""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from infra.paths import RUN_DIR
+from infra.stack import StackConfig, broker, redis_server
+
+TEST_STACK = StackConfig(
+    run_dir=RUN_DIR / "test",
+    kafka_port=19092,
+    controller_port=19093,
+    redis_port=16379,
+    control_port=18081,
+    spark_ui_port=14040,
+    metrics_ports=(19101, 19102, 19103),
+)
+
+
+@pytest.fixture(scope="session")
+def stack_cfg() -> StackConfig:
+    return TEST_STACK
+
+
+@pytest.fixture(scope="session")
+def _fresh_run_dir(stack_cfg: StackConfig) -> None:
+    from infra import procs
+
+    procs.stop_all(stack_cfg.run_dir)
+    shutil.rmtree(stack_cfg.run_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(stack_cfg: StackConfig, _fresh_run_dir: None) -> Iterator[str]:
+    b = broker(stack_cfg)
+    b.start()
+    b.wait_ready()
+    yield stack_cfg.bootstrap
+    b.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_url(stack_cfg: StackConfig, _fresh_run_dir: None) -> Iterator[str]:
+    r = redis_server(stack_cfg)
+    r.ensure_installed()
+    r.start()
+    r.wait_ready()
+    yield stack_cfg.redis_url
+    r.stop()
+
+
+@pytest.fixture
+def redis_client(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def unique() -> str:
+    """A fresh name per test: topics, job ids and groups never collide between tests."""
+    return f"t{uuid.uuid4().hex[:10]}"

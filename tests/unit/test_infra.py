@@ -1,0 +1,325 @@
+"""Unit tests for infra/: no network, no Kafka/Redis/Maven (those are replaced by fakes)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+from infra import fetch, procs
+from infra.__main__ import main as cli_main
+from infra.errors import InfraError
+from infra.kafka_broker import KafkaBroker, new_cluster_id
+from infra.redis_server import RedisServer
+
+# ---------------------------------------------------------------------------------------------- fetch
+
+
+@pytest.mark.parametrize(
+    ("jar", "artifact"),
+    [
+        ("commons-pool2-2.13.1.jar", "commons-pool2"),
+        ("hadoop-client-runtime-3.5.0.jar", "hadoop-client-runtime"),
+        ("slf4j-api-1.7.36.jar", "slf4j-api"),
+        ("scala-library-2.13.18.jar", "scala-library"),
+        ("zstd-jni-1.5.7-7.jar", "zstd-jni"),
+        ("spark-sql-kafka-0-10_2.13-4.2.0.jar", "spark-sql-kafka-0-10_2.13"),
+        ("kafka_2.13-4.3.1.jar", "kafka_2.13"),
+        ("jackson-annotations-2.21.jar", "jackson-annotations"),
+        ("javax.inject-1.jar", "javax.inject"),
+        ("noversion.jar", "noversion"),
+    ],
+)
+def test_artifact_name(jar: str, artifact: str) -> None:
+    assert fetch.artifact_name(jar) == artifact
+
+
+def _touch_jars(directory: Path, names: list[str]) -> list[Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = [directory / n for n in names]
+    for p in paths:
+        p.write_bytes(b"PK")
+    return paths
+
+
+def test_exclude_shipped_drops_artifacts_pyspark_already_has(tmp_path: Path) -> None:
+    shipped = tmp_path / "pyspark-jars"
+    _touch_jars(shipped, ["scala-library-2.13.18.jar", "slf4j-api-2.0.17.jar", "commons-pool-1.5.4.jar"])
+    ours = _touch_jars(
+        tmp_path / "ours",
+        [
+            "commons-pool2-2.13.1.jar",  # different artifact from commons-pool: kept
+            "kafka-clients-3.9.2.jar",
+            "scala-library-2.13.15.jar",  # other version of a shipped artifact: dropped
+            "slf4j-api-1.7.36.jar",
+            "spark-sql-kafka-0-10_2.13-4.2.0.jar",
+        ],
+    )
+    kept = [p.name for p in fetch.exclude_shipped(ours, shipped)]
+    assert kept == [
+        "commons-pool2-2.13.1.jar",
+        "kafka-clients-3.9.2.jar",
+        "spark-sql-kafka-0-10_2.13-4.2.0.jar",
+    ]
+
+
+class FakeMaven:
+    """Stands in for fetch._run_maven: records calls, 'copies' jars or fails per token-provider version."""
+
+    def __init__(self, missing_token_versions: tuple[str, ...] = ()) -> None:
+        self.calls: list[dict[str, str]] = []
+        self.missing = missing_token_versions
+
+    def __call__(self, pom: Path, out_dir: Path, props: dict[str, str], cache_dir: Path) -> tuple[int, str]:
+        self.calls.append(dict(props))
+        token = props.get("spark.token.provider.version")
+        if token in self.missing:
+            artifact = f"org.apache.spark:spark-token-provider-kafka-0-10_2.13:jar:{token}"
+            return 1, f"[ERROR] Could not find artifact {artifact}"
+        version = props.get("kafka.version") or props["spark.version"]
+        _touch_jars(out_dir, [f"thing-{version}.jar", "slf4j-api-1.7.36.jar"])
+        return 0, ""
+
+
+def test_fetch_uses_stamp_and_refetches_on_version_change(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = FakeMaven()
+    monkeypatch.setattr(fetch, "_run_maven", fake)
+    first = fetch.fetch_kafka(tmp_path, kafka_version="4.3.1", log=lambda _m: None)
+    assert first.fetched and [c["kafka.version"] for c in fake.calls] == ["4.3.1"]
+    stamp = json.loads((fetch.jars_dir("kafka", tmp_path) / fetch.STAMP_NAME).read_text())
+    assert stamp["requested"] == {"kafka.version": "4.3.1"}
+
+    again = fetch.fetch_kafka(tmp_path, kafka_version="4.3.1", log=lambda _m: None)
+    assert not again.fetched and len(fake.calls) == 1  # maven not run
+    assert again.jars == first.jars
+
+    changed = fetch.fetch_kafka(tmp_path, kafka_version="4.2.0", log=lambda _m: None)
+    assert changed.fetched and len(fake.calls) == 2
+    assert [j.name for j in changed.jars] == ["slf4j-api-1.7.36.jar", "thing-4.2.0.jar"]  # old jar gone
+
+
+def test_fetch_refetches_when_a_jar_disappears(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeMaven()
+    monkeypatch.setattr(fetch, "_run_maven", fake)
+    res = fetch.fetch_kafka(tmp_path, kafka_version="4.3.1", log=lambda _m: None)
+    res.jars[0].unlink()
+    assert fetch.fetch_kafka(tmp_path, kafka_version="4.3.1", log=lambda _m: None).fetched
+    assert len(fake.calls) == 2
+
+
+def test_spark_kafka_falls_back_to_an_older_token_provider(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = FakeMaven(missing_token_versions=("9.9.9",))
+    monkeypatch.setattr(fetch, "_run_maven", fake)
+    messages: list[str] = []
+    res = fetch.fetch_spark_kafka(tmp_path, spark_version="9.9.9", log=messages.append)
+    assert [c["spark.token.provider.version"] for c in fake.calls] == [
+        "9.9.9",
+        fetch.TOKEN_PROVIDER_FALLBACKS[0],
+    ]
+    assert res.versions["spark.token.provider.version"] == fetch.TOKEN_PROVIDER_FALLBACKS[0]
+    assert any("warning" in m for m in messages)
+
+
+def test_maven_failure_is_an_infra_error_with_the_output_tail(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fetch, "_run_maven", lambda *a: (1, "[ERROR] boom: artifact x not found -> [Help 1]"))
+    with pytest.raises(InfraError, match="boom: artifact x not found"):
+        fetch.fetch_kafka(tmp_path, log=lambda _m: None)
+    assert not (fetch.jars_dir("kafka", tmp_path) / fetch.STAMP_NAME).exists()
+
+
+def test_missing_mvn_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(InfraError, match="`mvn` not found"):
+        fetch.require_mvn()
+
+
+# ---------------------------------------------------------------------------------------------- kafka
+
+
+def _props(text: str) -> dict[str, str]:
+    lines = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
+    return dict(ln.split("=", 1) for ln in lines)
+
+
+def test_server_properties_single_node_kraft(tmp_path: Path) -> None:
+    broker = KafkaBroker(tmp_path, port=19092, controller_port=19093)
+    props = _props(broker.server_properties())
+    assert props["process.roles"] == "broker,controller"
+    assert props["node.id"] == "1"
+    assert props["listeners"] == "PLAINTEXT://127.0.0.1:19092,CONTROLLER://127.0.0.1:19093"
+    assert props["advertised.listeners"] == "PLAINTEXT://127.0.0.1:19092"
+    assert props["controller.quorum.bootstrap.servers"] == "127.0.0.1:19093"
+    assert "controller.quorum.voters" not in props  # incompatible with `format --standalone`
+    assert props["log.dirs"] == str(tmp_path / "kafka" / "data")
+    for key in (
+        "offsets.topic.replication.factor",
+        "transaction.state.log.replication.factor",
+        "transaction.state.log.min.isr",
+        "share.coordinator.state.topic.replication.factor",
+    ):
+        assert props[key] == "1", key
+    assert props["num.partitions"] == "2"
+    assert props["group.initial.rebalance.delay.ms"] == "0"
+    assert props["auto.create.topics.enable"] == "true"
+    assert broker.bootstrap_servers == "127.0.0.1:19092"
+
+
+def test_jvm_options(tmp_path: Path) -> None:
+    opts = KafkaBroker(tmp_path, heap="768m").jvm_options()
+    assert "-Xmx768m" in opts and "-Xms256m" in opts and "-XX:+UseG1GC" in opts
+    assert any(o.startswith("-Dlog4j2.configurationFile=") and o.endswith("log4j2.properties") for o in opts)
+    assert "-Xms128m" in KafkaBroker(tmp_path, heap="128m").jvm_options()
+    with pytest.raises(InfraError, match="bad JVM memory size"):
+        KafkaBroker(tmp_path, heap="lots").jvm_options()
+
+
+def test_cluster_id_format() -> None:
+    ids = {new_cluster_id() for _ in range(200)}
+    assert len(ids) == 200
+    for cid in ids:
+        assert len(cid) == 22 and not cid.startswith("-")
+        assert set(cid) <= set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
+
+
+def test_formatted_storage_is_reused_and_port_change_refused(tmp_path: Path) -> None:
+    broker = KafkaBroker(tmp_path, controller_port=19093)
+    broker.data_dir.mkdir(parents=True)
+    (broker.data_dir / "meta.properties").write_text(
+        "version=1\ncluster.id=AbCdEfGhIjKlMnOpQrStUv\nnode.id=1\n"
+    )
+    # Already formatted: no StorageTool run (classpath unused), id recorded.
+    assert broker.ensure_formatted(classpath="/nonexistent") == "AbCdEfGhIjKlMnOpQrStUv"
+    assert json.loads(broker.state_path.read_text())["controller_port"] == 19093
+    with pytest.raises(InfraError, match="formatted for controller port 19093"):
+        KafkaBroker(tmp_path, controller_port=29093).ensure_formatted(classpath="/nonexistent")
+
+
+# ---------------------------------------------------------------------------------------------- redis
+
+
+def test_redis_argv(tmp_path: Path) -> None:
+    argv = RedisServer(tmp_path, port=16379).argv("/usr/bin/redis-server")
+    pairs = dict(zip(argv[1::2], argv[2::2], strict=True))
+    assert pairs["--port"] == "16379"
+    assert pairs["--bind"] == "127.0.0.1"
+    assert pairs["--daemonize"] == "no"
+    assert pairs["--appendonly"] == "yes"
+    assert pairs["--save"] == ""
+    assert pairs["--dir"] == str(tmp_path / "redis")
+    assert pairs["--logfile"] == str(tmp_path / "logs" / "redis.log")
+
+
+# ---------------------------------------------------------------------------------------------- procs
+
+
+def test_process_lifecycle_with_pid_file(tmp_path: Path) -> None:
+    pid = procs.start_process("sleeper", ["sleep", "30"], tmp_path, port=12345)
+    try:
+        assert procs.pid_of("sleeper", tmp_path) == pid
+        assert procs.is_running("sleeper", tmp_path)
+        assert procs.pid_file("sleeper", tmp_path).read_text().strip() == str(pid)
+        assert procs.recorded_port("sleeper", tmp_path) == 12345
+        assert procs.known_names(tmp_path) == ["sleeper"]
+        assert procs.rss_mb(pid) > 0
+        with pytest.raises(InfraError, match="already running"):
+            procs.start_process("sleeper", ["sleep", "30"], tmp_path)
+    finally:
+        assert procs.stop_process("sleeper", tmp_path, timeout_s=5)
+    assert not procs.is_running("sleeper", tmp_path)
+    assert not procs.pid_file("sleeper", tmp_path).exists()
+    assert not procs.stop_process("sleeper", tmp_path)  # nothing left to stop
+    assert procs.rss_mb(pid) == 0.0
+
+
+def test_stop_escalates_to_sigkill(tmp_path: Path) -> None:
+    code = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "print('up', flush=True); time.sleep(60)"
+    )
+    procs.start_process("stubborn", [sys.executable, "-c", code], tmp_path)
+    procs.wait_for(lambda: "up" in procs.log_file("stubborn", tmp_path).read_text(), 10, "stubborn")
+    assert procs.stop_process("stubborn", tmp_path, timeout_s=0.5)
+    assert not procs.is_running("stubborn", tmp_path)
+
+
+def test_stale_pid_file_is_not_running(tmp_path: Path) -> None:
+    procs.pid_file("ghost", tmp_path).parent.mkdir(parents=True)
+    procs.pid_file("ghost", tmp_path).write_text("999999999\n")  # above pid_max: never a live process
+    assert procs.pid_of("ghost", tmp_path) is None
+    assert procs.stop_all(tmp_path) == []
+    assert not procs.pid_file("ghost", tmp_path).exists()
+
+
+def test_stop_all_stops_services_before_redis_and_kafka(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    procs.pids_dir(tmp_path).mkdir(parents=True)
+    for name in ("kafka", "redis", "ingest", "processor"):
+        procs.pid_file(name, tmp_path).write_text("1\n")
+    order: list[str] = []
+
+    def fake_stop(name: str, run_dir: Path, timeout_s: float = 20) -> bool:
+        order.append(name)
+        return True
+
+    monkeypatch.setattr(procs, "stop_process", fake_stop)
+    assert procs.stop_all(tmp_path) == ["ingest", "processor", "redis", "kafka"]
+    assert order == ["ingest", "processor", "redis", "kafka"]
+
+
+def test_port_in_use() -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        assert procs.port_in_use(port)
+    assert not procs.port_in_use(port)
+
+
+def test_wait_for_reports_log_tail_on_timeout(tmp_path: Path) -> None:
+    log = tmp_path / "svc.log"
+    log.write_text("starting\nsomething went wrong\n")
+    with pytest.raises(InfraError, match=r"(?s)svc not ready within 0.3 s.*something went wrong"):
+        procs.wait_for(lambda: False, 0.3, "svc", log, interval_s=0.05)
+
+
+def test_wait_for_propagates_infra_error_and_notices_exit(tmp_path: Path) -> None:
+    def fatal() -> bool:
+        raise InfraError("gave up")
+
+    with pytest.raises(InfraError, match="gave up"):
+        procs.wait_for(fatal, 5, "svc")
+    pid = procs.start_process("quick", ["true"], tmp_path)
+    with pytest.raises(InfraError, match=f"process {pid} exited"):
+        procs.wait_for(lambda: False, 10, "quick", procs.log_file("quick", tmp_path), pid=pid)
+
+
+# ------------------------------------------------------------------------------------------------ cli
+
+
+def test_cli_reports_infra_error_without_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def broken(args: object) -> None:
+        raise InfraError("port 9092 is already in use [by something]")
+
+    monkeypatch.setitem(sys.modules["infra.__main__"].COMMANDS, "down", broken)
+    assert cli_main(["--run-dir", str(tmp_path), "down"]) == 1
+    err = capsys.readouterr().err
+    assert "port 9092 is already in use [by something]" in err
+    assert "Traceback" not in err
+
+
+def test_cli_status_with_nothing_running(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(["--run-dir", str(tmp_path), "status"]) == 0
+    out = capsys.readouterr().out
+    assert "kafka" in out and "redis" in out
