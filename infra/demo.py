@@ -32,7 +32,7 @@ EVENTS = 100_000
 SPAN_MS = 120_000  # two minutes of event time: 12-13 ten-second windows
 RESULT_TIMEOUT_S = 300
 
-console = Console()
+console = Console(soft_wrap=True)
 
 
 def step(msg: str) -> None:
@@ -47,7 +47,7 @@ def main() -> int:
         step("stopping any previous demo and clearing its data")
         procs.stop_all(cfg.run_dir)
         shutil.rmtree(cfg.run_dir, ignore_errors=True)
-        step("resolving Kafka and Spark-Kafka jars from Maven Central (cached after the first run)")
+        step("Kafka and Spark-Kafka jars (from Maven Central once, then cached)")
         kafka_classpath()
         spark_kafka_jars()
         start_infrastructure(cfg, step)
@@ -72,7 +72,8 @@ def main() -> int:
     )
     print_processes(cfg)
     console.print(f"\n[bold]demo finished in {time.monotonic() - started:.0f} s[/]; the stack keeps running.")
-    console.print(f"  control API   {cfg.control_url}   (OpenAPI docs: {cfg.control_url}/docs)")
+    console.print(f"  control API   {cfg.control_url}")
+    console.print(f"  API docs      {cfg.control_url}/docs")
     console.print(f"  results       {cfg.control_url}/jobs/{spec.id}/results")
     console.print(f"  Spark UI      http://127.0.0.1:{cfg.spark_ui_port}")
     console.print(f"  logs          {cfg.run_dir / 'logs'}")
@@ -88,7 +89,12 @@ def produce(bootstrap: str, topic: str, records: list[bytes]) -> None:
     with _progress() as bar:
         task = bar.add_task(f"producing to {topic}", total=len(records))
         for i, value in enumerate(records, 1):
-            producer.produce(topic, value=value)
+            while True:
+                try:
+                    producer.produce(topic, value=value)
+                    break
+                except BufferError:  # local queue full: let deliveries drain, then retry
+                    producer.poll(0.1)
             if i % 5_000 == 0:
                 producer.poll(0)
                 bar.update(task, completed=i)
@@ -103,7 +109,7 @@ def wait_for_results(
     got: dict[tuple[str, int], int] = {}
     deadline = time.monotonic() + RESULT_TIMEOUT_S
     with _progress() as bar, httpx.Client(base_url=cfg.control_url, timeout=10) as http:
-        task = bar.add_task("events counted in windows (read from Redis via the control API)", total=total)
+        task = bar.add_task("events in windows (Redis, via control API)", total=total)
         while time.monotonic() < deadline:
             resp = http.get(f"/jobs/{job_id}/results", params={"limit": 100_000})
             resp.raise_for_status()

@@ -15,7 +15,8 @@ log = logging.getLogger(__name__)
 
 
 def admin(bootstrap: str) -> AdminClient:
-    return AdminClient({"bootstrap.servers": bootstrap})
+    # librdkafka's own log lines go through Python logging instead of straight to stderr.
+    return AdminClient({"bootstrap.servers": bootstrap}, logger=logging.getLogger("librdkafka.admin"))
 
 
 def ensure_topics(bootstrap: str, topics: Iterable[str], partitions: int, timeout_s: float = 30.0) -> None:

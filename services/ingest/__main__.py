@@ -22,9 +22,15 @@ def main() -> int:
     except StreamForgeError as e:  # a bad spec or setting: say what to fix, do not start
         log.error("%s", e)
         return 2
-    serve_metrics(settings.metrics_port)
     signal.signal(signal.SIGTERM, lambda *_: ingest.stop())
     signal.signal(signal.SIGINT, lambda *_: ingest.stop())
+    try:
+        ingest.start()
+    except StreamForgeError as e:
+        log.error("%s", e)
+        return 2
+    # The metrics port opens once the service is really running: stack readiness relies on it.
+    serve_metrics(settings.metrics_port)
     ingest.run()
     log.info("stopped")
     return 0

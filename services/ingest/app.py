@@ -83,7 +83,7 @@ class Ingest:
         self._stop.set()
 
     def run(self) -> None:
-        self.start()
+        """Serve until stop(); start() first."""
         try:
             while not self._stop.is_set():
                 self.run_once()

@@ -30,10 +30,12 @@ def main() -> int:
     except StreamForgeError as e:
         log.error("%s", e)
         return 2
-    serve_metrics(settings.metrics_port)
     signal.signal(signal.SIGTERM, lambda *_: processor.stop())
     signal.signal(signal.SIGINT, lambda *_: processor.stop())
     try:
+        processor.start()
+        # The metrics port opens once every query runs: stack readiness relies on it.
+        serve_metrics(settings.metrics_port)
         processor.run()
     except StreamForgeError as e:
         log.error("%s", e)

@@ -102,7 +102,7 @@ class Processor:
         self._stop.set()
 
     def run(self) -> None:
-        self.start()
+        """Serve until stop(); start() first."""
         assert self.spark is not None
         try:
             while not self._stop.is_set():

@@ -16,10 +16,12 @@ def main() -> int:
     settings = SinkSettings()
     log = configure_logging("sink", settings.log_level)
     sink = Sink(settings)
-    serve_metrics(settings.metrics_port)
     signal.signal(signal.SIGTERM, lambda *_: sink.stop())
     signal.signal(signal.SIGINT, lambda *_: sink.stop())
     try:
+        sink.start()
+        # The metrics port opens once the service is really running: stack readiness relies on it.
+        serve_metrics(settings.metrics_port)
         sink.run()
     except StreamForgeError as e:
         log.error("%s", e)

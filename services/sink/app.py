@@ -69,7 +69,7 @@ class Sink:
         self._stop.set()
 
     def run(self) -> None:
-        self.start()
+        """Serve until stop(); start() first."""
         try:
             while not self._stop.is_set():
                 self.run_once()
