@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | cksum | cut -d' ' -f1)
 UV_VERSION := 0.13.9
 
-.PHONY: setup demo test lint typecheck unit integration e2e stop status lock clean
+.PHONY: setup demo test bench lint typecheck unit integration e2e stop status lock clean
 
 # A virtualenv with the pinned dependencies of requirements.lock (re-installed when it changes).
 $(STAMP): requirements.lock pyproject.toml
@@ -19,6 +19,7 @@ $(STAMP): requirements.lock pyproject.toml
 
 # Everything a fresh machine needs: the venv, Java check, Kafka and Spark-Kafka jars, redis-server.
 setup: $(STAMP)
+	@$(BIN)/python -m shared.proto.build
 	@$(BIN)/python -m infra setup
 
 demo: setup
@@ -27,16 +28,20 @@ demo: setup
 test: setup lint typecheck
 	@$(BIN)/pytest -q -ra
 
+# Speed and memory targets: measured here, never by timed unit tests.
+bench: setup
+	@$(BIN)/python -m tests.bench $(BENCH)
+
 lint: $(STAMP)
 	@echo "==> ruff"
 	@$(BIN)/ruff check .
 	@$(BIN)/ruff format --check .
 
-typecheck: $(STAMP)
+typecheck: setup
 	@echo "==> mypy"
 	@$(BIN)/mypy
 
-unit: $(STAMP)
+unit: setup
 	@$(BIN)/pytest -q tests/unit
 
 integration: setup

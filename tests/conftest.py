@@ -6,6 +6,7 @@ Nothing here is mocked: a test that needs Kafka gets the real broker.
 
 from __future__ import annotations
 
+import os
 import shutil
 import uuid
 from collections.abc import Iterator
@@ -16,14 +17,16 @@ import redis
 from infra.paths import RUN_DIR
 from infra.stack import StackConfig, broker, redis_server
 
+# SF_TEST_PORT_OFFSET lets several test runs share a machine (each its own ports and run dir).
+_OFFSET = int(os.environ.get("SF_TEST_PORT_OFFSET", "0"))
 TEST_STACK = StackConfig(
-    run_dir=RUN_DIR / "test",
-    kafka_port=19092,
-    controller_port=19093,
-    redis_port=16379,
-    control_port=18081,
-    spark_ui_port=14040,
-    metrics_ports=(19101, 19102, 19103),
+    run_dir=RUN_DIR / (f"test-{_OFFSET}" if _OFFSET else "test"),
+    kafka_port=19092 + _OFFSET,
+    controller_port=19093 + _OFFSET,
+    redis_port=16379 + _OFFSET,
+    control_port=18081 + _OFFSET,
+    spark_ui_port=14040 + _OFFSET,
+    metrics_ports=(19101 + _OFFSET, 19102 + _OFFSET, 19103 + _OFFSET),
 )
 
 

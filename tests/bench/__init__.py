@@ -1,0 +1,1 @@
+"""Benchmarks (`make bench`): speed and memory targets, measured on the real components."""
