@@ -33,6 +33,9 @@ class StackConfig:
     spark_ui_port: int = 4040
     # Prometheus ports of ingest, processor and sink, in that order.
     metrics_ports: tuple[int, int, int] = (9101, 9102, 9103)
+    # gRPC ports of control, processor, ingest and sink, in that order (control messages only).
+    grpc_ports: tuple[int, int, int, int] = (6123, 6124, 6125, 6126)
+    ingest_http_port: int = 8082
     job_specs: tuple[Path, ...] = field(default=())
     kafka_heap: str = "768m"
 
@@ -93,6 +96,12 @@ def service_env(cfg: StackConfig) -> dict[str, str]:
         "SF_PROCESSOR_METRICS_PORT": str(processor_port),
         "SF_SINK_METRICS_PORT": str(sink_port),
         "SF_CONTROL_PORT": str(cfg.control_port),
+        "SF_CONTROL_GRPC_PORT": str(cfg.grpc_ports[0]),
+        "SF_CONTROL_GRPC_TARGET": f"127.0.0.1:{cfg.grpc_ports[0]}",
+        "SF_PROCESSOR_GRPC_PORT": str(cfg.grpc_ports[1]),
+        "SF_INGEST_GRPC_PORT": str(cfg.grpc_ports[2]),
+        "SF_SINK_GRPC_PORT": str(cfg.grpc_ports[3]),
+        "SF_INGEST_HTTP_PORT": str(cfg.ingest_http_port),
         "PYTHONUNBUFFERED": "1",
     }
 

@@ -29,3 +29,5 @@ class BaseServiceSettings(BaseSettings):
     # Where services keep local state (checkpoints, ...) unless told otherwise.
     data_dir: str = Field(".run/data", validation_alias=_shared("data_dir"))
     topic_partitions: int = Field(2, ge=1, validation_alias=_shared("topic_partitions"))
+    # Where control's gRPC Registry listens; services register and heartbeat there (empty: don't).
+    control_grpc_target: str = Field("", validation_alias=_shared("control_grpc_target"))

@@ -27,6 +27,8 @@ TEST_STACK = StackConfig(
     control_port=18081 + _OFFSET,
     spark_ui_port=14040 + _OFFSET,
     metrics_ports=(19101 + _OFFSET, 19102 + _OFFSET, 19103 + _OFFSET),
+    grpc_ports=(16123 + _OFFSET, 16124 + _OFFSET, 16125 + _OFFSET, 16126 + _OFFSET),
+    ingest_http_port=18082 + _OFFSET,
 )
 
 
