@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from infra import fetch, procs
+from infra import apt, fetch, procs
 from infra.errors import InfraError
 from infra.kafka_broker import KafkaBroker
 from infra.paths import CACHE_DIR, RUN_DIR
@@ -31,7 +31,12 @@ def _done(msg: str, t0: float) -> None:
 
 
 def cmd_fetch(args: argparse.Namespace) -> None:
-    for name, resolve in (("kafka", fetch.fetch_kafka), ("spark-kafka", fetch.fetch_spark_kafka)):
+    bundles = (
+        ("kafka", fetch.fetch_kafka),
+        ("spark-kafka", fetch.fetch_spark_kafka),
+        ("zipkin", fetch.fetch_zipkin),
+    )
+    for name, resolve in bundles:
         t0 = time.monotonic()
         _step(f"{name} jars")
         res = resolve(args.cache_dir, log=_step)
@@ -77,6 +82,8 @@ def cmd_setup(args: argparse.Namespace) -> None:
     cmd_fetch(args)
     _step("redis-server (Debian package)")
     RedisServer(args.run_dir, args.redis_port).ensure_installed()
+    _step("chromium (Debian package, for the dashboard's browser test)")
+    apt.CHROMIUM.ensure_installed(log=_step)
     _done("set-up complete", t0)
 
 
@@ -138,9 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--kafka-heap", default="768m")
     parser.add_argument("--timeout", type=float, default=60, help="seconds to wait for the broker")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("fetch", help="resolve the Kafka and spark-sql-kafka jars into .cache (once)")
+    sub.add_parser("fetch", help="resolve the Kafka, spark-sql-kafka and Zipkin jars into .cache (once)")
     sub.add_parser("up", help="fetch, then start Redis and Kafka and wait until they answer")
-    sub.add_parser("setup", help="check Java, fetch the jars, install redis-server when missing")
+    sub.add_parser("setup", help="check Java, fetch the jars, install redis-server and chromium when missing")
     down = sub.add_parser(
         "down", help="stop every process with a pid file (services, then Redis, then Kafka)"
     )

@@ -21,7 +21,7 @@ from rich.table import Table
 from infra import procs
 from infra.datagen import click_events, oracle_window_counts
 from infra.errors import InfraError
-from infra.fetch import kafka_classpath, spark_kafka_jars
+from infra.fetch import kafka_classpath, spark_kafka_jars, zipkin_jar
 from infra.paths import ROOT
 from infra.stack import SERVICES, StackConfig, start_infrastructure, start_services
 from shared.jobspec import load_job_spec
@@ -47,9 +47,10 @@ def main() -> int:
         step("stopping any previous demo and clearing its data")
         procs.stop_all(cfg.run_dir)
         shutil.rmtree(cfg.run_dir, ignore_errors=True)
-        step("Kafka and Spark-Kafka jars (from Maven Central once, then cached)")
+        step("Kafka, Spark-Kafka and Zipkin jars (from Maven Central once, then cached)")
         kafka_classpath()
         spark_kafka_jars()
+        zipkin_jar()
         start_infrastructure(cfg, step)
         # One raw partition: the processor's watermark is global across partitions, so the demo's
         # raw stream keeps one order and out-of-order events stay within the watermark's bound.
@@ -76,6 +77,9 @@ def main() -> int:
     console.print(f"  API docs      {cfg.control_url}/docs")
     console.print(f"  results       {cfg.control_url}/jobs/{spec.id}/results")
     console.print(f"  Spark UI      http://127.0.0.1:{cfg.spark_ui_port}")
+    console.print(f"  tracing UI    {cfg.zipkin_url}/zipkin/  (Zipkin)")
+    if _serves(f"{cfg.control_url}/dashboard"):  # once control includes the dashboard router
+        console.print(f"  dashboard     {cfg.control_url}/dashboard")
     console.print(f"  logs          {cfg.run_dir / 'logs'}")
     console.print("  stop it all   make stop")
     ok = got == expected and dlq == len(data.bad)
@@ -173,12 +177,19 @@ def count_records(bootstrap: str, topic: str) -> int:
     return n
 
 
+def _serves(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def print_processes(cfg: StackConfig) -> None:
     table = Table(title="processes")
     table.add_column("process")
     table.add_column("pid", justify="right")
     table.add_column("resident memory", justify="right")
-    for name in ("kafka", "redis", *SERVICES):
+    for name in ("kafka", "redis", "zipkin", *SERVICES):
         pid = procs.pid_of(name, cfg.run_dir)
         rss = f"{procs.rss_mb(pid):.0f} MiB" if pid else "-"
         table.add_row(name, str(pid or "-"), rss)

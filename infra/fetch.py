@@ -36,6 +36,9 @@ KAFKA_VERSION = "4.3.1"
 # unchanged; only its Kerberos delegation-token logging uses 4.0-era LogKeys, a path unused here.
 TOKEN_PROVIDER_FALLBACKS = ("4.0.0",)
 
+# Zipkin's server, the tracing UI: one self-contained `exec` jar (io.zipkin:zipkin-server:<v>:exec).
+ZIPKIN_VERSION = "3.6.1"
+
 MAVEN_DIR = INFRA_DIR / "maven"
 SETTINGS_XML = MAVEN_DIR / "settings.xml"
 STAMP_NAME = ".stamp.json"
@@ -297,5 +300,26 @@ def spark_kafka_jars(cache_dir: Path = CACHE_DIR, *, log: Log = _stderr_log) -> 
     return exclude_shipped(fetch_spark_kafka(cache_dir, log=log).jars, pyspark_jars_dir())
 
 
+def fetch_zipkin(
+    cache_dir: Path = CACHE_DIR, *, zipkin_version: str = ZIPKIN_VERSION, log: Log = _stderr_log
+) -> Resolved:
+    """Zipkin's exec jar (the whole server in one jar), fetched if not cached."""
+    requested = {"zipkin.version": zipkin_version}
+    return _resolve("zipkin", requested, [requested], cache_dir, log)
+
+
+def zipkin_jar(cache_dir: Path = CACHE_DIR, *, log: Log = _stderr_log) -> Path:
+    """Path of zipkin-server-<v>-exec.jar, fetching it first if needed."""
+    jars = [j for j in fetch_zipkin(cache_dir, log=log).jars if j.name.startswith("zipkin-server-")]
+    if len(jars) != 1:
+        where = jars_dir("zipkin", cache_dir)
+        raise InfraError(f"expected one zipkin-server exec jar in {where}, got {[j.name for j in jars]}")
+    return jars[0]
+
+
 def fetch_all(cache_dir: Path = CACHE_DIR, *, log: Log = _stderr_log) -> list[Resolved]:
-    return [fetch_kafka(cache_dir, log=log), fetch_spark_kafka(cache_dir, log=log)]
+    return [
+        fetch_kafka(cache_dir, log=log),
+        fetch_spark_kafka(cache_dir, log=log),
+        fetch_zipkin(cache_dir, log=log),
+    ]

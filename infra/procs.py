@@ -22,7 +22,8 @@ from infra.errors import InfraError
 from infra.paths import ROOT, logs_dir, pids_dir
 
 # Infrastructure processes are stopped last, in this order, after every other pid file (the services).
-INFRA_STOP_ORDER = ("redis", "kafka")
+# Zipkin goes first among them, after the services have flushed their last spans to it.
+INFRA_STOP_ORDER = ("zipkin", "redis", "kafka")
 
 # Popen objects of children started by this Python process. Keeping them referenced lets us reap them
 # (no zombies that would look alive) and avoids "subprocess is still running" ResourceWarnings.

@@ -4,27 +4,25 @@ Layout under run_dir:  redis/ (AOF data), logs/redis.log (server log), logs/redi
 pids/redis.pid.
 
 Installing Debian's package normally also starts the packaged system service on 6379, which would take
-the port from under us. ensure_installed() therefore installs with a temporary policy-rc.d that forbids
-service starts (the standard Debian/container mechanism; also honoured by deb-systemd-invoke), and stops a
-service that started anyway. Our own server never uses /etc/redis/redis.conf.
+the port from under us. ensure_installed() therefore installs through infra.apt (a temporary policy-rc.d
+forbids service starts) and stops a service that started anyway. Our own server never uses
+/etc/redis/redis.conf.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 from infra import procs
+from infra.apt import REDIS_SERVER
 from infra.errors import InfraError
 from infra.paths import logs_dir
 
 NAME = "redis"
-POLICY_RC_D = Path("/usr/sbin/policy-rc.d")
 DEBIAN_DEFAULT_PORT = 6379
 
 Log = Callable[[str], None]
@@ -34,56 +32,16 @@ def _stderr_log(msg: str) -> None:
     print(f"[infra.redis] {msg}", file=sys.stderr)
 
 
-@contextlib.contextmanager
-def _services_not_started(log: Log) -> Iterator[None]:
-    """Forbid package scripts from starting services (exit 101), unless a policy already exists."""
-    if POLICY_RC_D.exists():
-        yield
-        return
-    POLICY_RC_D.write_text("#!/bin/sh\n# temporary, written by infra/redis_server.py\nexit 101\n")
-    POLICY_RC_D.chmod(0o755)
-    log(f"temporarily installed {POLICY_RC_D} so apt does not start a system redis service")
-    try:
-        yield
-    finally:
-        POLICY_RC_D.unlink(missing_ok=True)
-
-
-def _apt(args: list[str], log: Log) -> None:
-    log(f"running: apt-get {' '.join(args)}")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    proc = subprocess.run(["apt-get", *args], capture_output=True, text=True, env=env, check=False)
-    if proc.returncode != 0:
-        out = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
-        raise InfraError(
-            f"`apt-get {' '.join(args)}` failed (exit {proc.returncode}); install redis-server by hand "
-            f"(apt-get install -y redis-server) and retry. Last output:\n{out}"
-        )
-
-
 def ensure_installed(log: Log = _stderr_log) -> str:
     """Path of redis-server, installing Debian's package first if it is not on PATH (needs root)."""
-    found = shutil.which("redis-server")
-    if found:
+    found = REDIS_SERVER.which()
+    if found is not None:
         return found
-    if shutil.which("apt-get") is None:
-        raise InfraError("redis-server not found and apt-get is unavailable; install Redis 7 by hand")
-    if os.geteuid() != 0:
-        raise InfraError("redis-server not found; install it with `sudo apt-get install -y redis-server`")
-    log("redis-server not found; installing Debian's redis-server package")
-    with _services_not_started(log):
-        _apt(["update", "-q"], log)
-        _apt(["install", "-y", "-q", "--no-install-recommends", "redis-server"], log)
-    found = shutil.which("redis-server")
-    if not found:
-        raise InfraError(
-            "apt-get installed redis-server but it is not on PATH (expected /usr/bin/redis-server)"
-        )
+    found = REDIS_SERVER.ensure_installed(log)
     # If a pre-existing policy let the packaged service start, stop it: it would hold the default port.
     if procs.port_in_use(DEBIAN_DEFAULT_PORT) and shutil.which("service"):
         log("stopping the system redis-server service that the package started")
         subprocess.run(["service", "redis-server", "stop"], capture_output=True, check=False)
-    log(f"installed {found}")
     return found
 
 

@@ -19,6 +19,8 @@ from infra.fetch import spark_kafka_jars
 from infra.kafka_broker import KafkaBroker
 from infra.paths import ROOT, RUN_DIR
 from infra.redis_server import RedisServer
+from infra.zipkin import SPANS_PATH as ZIPKIN_SPANS_PATH
+from infra.zipkin import ZipkinServer
 
 SERVICES = ("ingest", "processor", "sink", "control")
 
@@ -38,6 +40,8 @@ class StackConfig:
     ingest_http_port: int = 8082
     job_specs: tuple[Path, ...] = field(default=())
     kafka_heap: str = "768m"
+    # Zipkin: tracing UI and span collector (its API and UI share the port).
+    zipkin_port: int = 9411
 
     @property
     def bootstrap(self) -> str:
@@ -55,6 +59,10 @@ class StackConfig:
     def data_dir(self) -> Path:
         return self.run_dir / "data"
 
+    @property
+    def zipkin_url(self) -> str:
+        return f"http://127.0.0.1:{self.zipkin_port}"
+
 
 def broker(cfg: StackConfig) -> KafkaBroker:
     return KafkaBroker(
@@ -66,8 +74,12 @@ def redis_server(cfg: StackConfig) -> RedisServer:
     return RedisServer(cfg.run_dir, port=cfg.redis_port)
 
 
+def zipkin_server(cfg: StackConfig) -> ZipkinServer:
+    return ZipkinServer(cfg.run_dir, port=cfg.zipkin_port)
+
+
 def start_infrastructure(cfg: StackConfig, step: Callable[[str], None] = print) -> None:
-    """Redis and the Kafka broker, up and answering (reused when already running)."""
+    """Redis, the Kafka broker and Zipkin, up and answering (reused when already running)."""
     r = redis_server(cfg)
     step("Redis: checking the redis-server package")
     r.ensure_installed()
@@ -77,7 +89,11 @@ def start_infrastructure(cfg: StackConfig, step: Callable[[str], None] = print) 
     k = broker(cfg)
     step(f"Kafka: starting a KRaft broker on {cfg.bootstrap}")
     k.start()
+    z = zipkin_server(cfg)
+    step(f"Zipkin: starting on {cfg.zipkin_url} (tracing UI)")
+    z.start()
     k.wait_ready()
+    z.wait_ready()
 
 
 def service_env(cfg: StackConfig) -> dict[str, str]:
@@ -102,6 +118,16 @@ def service_env(cfg: StackConfig) -> dict[str, str]:
         "SF_INGEST_GRPC_PORT": str(cfg.grpc_ports[2]),
         "SF_SINK_GRPC_PORT": str(cfg.grpc_ports[3]),
         "SF_INGEST_HTTP_PORT": str(cfg.ingest_http_port),
+        "SF_TRACING_EXPORTER": "zipkin",
+        "SF_TRACING_ENDPOINT": f"{cfg.zipkin_url}{ZIPKIN_SPANS_PATH}",
+        # The dashboard's Prometheus sources until the registry provides them.
+        "SF_DASHBOARD_METRICS_URLS": json.dumps(
+            {
+                "ingest": f"http://127.0.0.1:{ingest_port}/metrics",
+                "processor": f"http://127.0.0.1:{processor_port}/metrics",
+                "sink": f"http://127.0.0.1:{sink_port}/metrics",
+            }
+        ),
         "PYTHONUNBUFFERED": "1",
     }
 

@@ -15,7 +15,8 @@ import pytest
 import redis
 
 from infra.paths import RUN_DIR
-from infra.stack import StackConfig, broker, redis_server
+from infra.stack import StackConfig, broker, redis_server, zipkin_server
+from infra.zipkin import ZipkinServer
 
 # SF_TEST_PORT_OFFSET lets several test runs share a machine (each its own ports and run dir).
 _OFFSET = int(os.environ.get("SF_TEST_PORT_OFFSET", "0"))
@@ -29,6 +30,7 @@ TEST_STACK = StackConfig(
     metrics_ports=(19101 + _OFFSET, 19102 + _OFFSET, 19103 + _OFFSET),
     grpc_ports=(16123 + _OFFSET, 16124 + _OFFSET, 16125 + _OFFSET, 16126 + _OFFSET),
     ingest_http_port=18082 + _OFFSET,
+    zipkin_port=19411 + _OFFSET,
 )
 
 
@@ -62,6 +64,16 @@ def redis_url(stack_cfg: StackConfig, _fresh_run_dir: None) -> Iterator[str]:
     r.wait_ready()
     yield stack_cfg.redis_url
     r.stop()
+
+
+@pytest.fixture(scope="session")
+def zipkin(stack_cfg: StackConfig, _fresh_run_dir: None) -> Iterator[ZipkinServer]:
+    """Zipkin (tracing UI + collector, in-memory) for tests that check traces through its own API."""
+    z = zipkin_server(stack_cfg)
+    z.start()
+    z.wait_ready()
+    yield z
+    z.stop()
 
 
 @pytest.fixture
