@@ -13,6 +13,7 @@ from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
+TracingExporter = Literal["zipkin", "console", "none"]
 
 
 def _shared(name: str) -> AliasChoices:
@@ -31,3 +32,14 @@ class BaseServiceSettings(BaseSettings):
     topic_partitions: int = Field(2, ge=1, validation_alias=_shared("topic_partitions"))
     # Where control's gRPC Registry listens; services register and heartbeat there (empty: don't).
     control_grpc_target: str = Field("", validation_alias=_shared("control_grpc_target"))
+    # Tracing (shared.telemetry): where spans go and which share of new traces is kept. The service
+    # name is the caller's. "none" turns exporting off; "console" prints spans (debugging only).
+    tracing_exporter: TracingExporter = Field("none", validation_alias=_shared("tracing_exporter"))
+    tracing_endpoint: str = Field(
+        "http://127.0.0.1:9411/api/v2/spans", validation_alias=_shared("tracing_endpoint")
+    )
+    # Share of new traces (events entering at ingest, API requests) that are recorded; children
+    # follow their parent's decision, so a sampled event is traced through every service.
+    tracing_sample_ratio: float = Field(
+        0.01, ge=0.0, le=1.0, validation_alias=_shared("tracing_sample_ratio")
+    )
