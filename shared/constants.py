@@ -57,3 +57,20 @@ def redis_window_index_key(job_id: str, key: str) -> str:
 
 def redis_job_keys_key(job_id: str) -> str:
     return f"{REDIS_PREFIX}:job:{job_id}:keys"
+
+
+# --- Control plane: job store and service registry (written by control only) ------------------------
+# sf:control:jobs               ZSET    job id, scored by submission time (ms): the listing order
+# sf:control:job:{job}          STRING  the job record (JSON): spec, state, processor, savepoint, metrics
+# sf:control:instances          SET     ids of registered ingest, processor and sink instances
+# sf:control:instance:{id}      STRING  the instance record (JSON): address, heartbeat, load, health
+REDIS_CONTROL_JOBS = f"{REDIS_PREFIX}:control:jobs"
+REDIS_CONTROL_INSTANCES = f"{REDIS_PREFIX}:control:instances"
+
+
+def redis_control_job_key(job_id: str) -> str:
+    return f"{REDIS_PREFIX}:control:job:{job_id}"
+
+
+def redis_control_instance_key(instance_id: str) -> str:
+    return f"{REDIS_PREFIX}:control:instance:{instance_id}"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram, start_http_server
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 RECORDS_PROCESSED = Counter(
     "records_processed_total", "Records a service handled successfully", ["service", "job"]
@@ -19,3 +19,15 @@ DLQ_EVENTS = Counter("dlq_events_total", "Records sent to a dead-letter topic", 
 def serve_metrics(port: int, host: str = "127.0.0.1") -> None:
     """Expose /metrics on its own port (the FastAPI control service mounts it on its app instead)."""
     start_http_server(port, addr=host)
+
+
+# --- control plane ----------------------------------------------------------------------------------
+CONTROL_JOBS = Gauge("control_jobs", "Jobs in the job store, by state", ["state"])
+CONTROL_INSTANCES = Gauge("control_live_instances", "Registered instances that heartbeat", ["service"])
+CONTROL_JOB_TRANSITIONS = Counter(
+    "control_job_transitions_total", "Job state changes control made", ["from_state", "to_state"]
+)
+CONTROL_COMMANDS = Counter("control_commands_total", "gRPC commands control sent to instances", ["command"])
+CONTROL_HEARTBEATS = Counter(
+    "control_heartbeats_total", "Heartbeats received; unknown ones are told to register", ["result"]
+)
