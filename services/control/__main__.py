@@ -1,10 +1,11 @@
-"""`python -m services.control`: serve the control API until SIGTERM."""
+"""`python -m services.control`: serve the control API and the gRPC Registry until SIGTERM."""
 
 from __future__ import annotations
 
 import sys
 
 import uvicorn
+from pydantic import ValidationError
 
 from services.control.api import create_app
 from services.control.settings import ControlSettings
@@ -12,9 +13,19 @@ from shared.logs import configure_logging
 
 
 def main() -> int:
-    settings = ControlSettings()
-    configure_logging("control", settings.log_level)
-    # uvicorn drains in-flight requests on SIGTERM by itself.
+    try:
+        settings = ControlSettings()
+    except ValidationError as e:  # fail fast, saying which setting to fix
+        print(f"control: invalid settings:\n{e}", file=sys.stderr)
+        return 2
+    log = configure_logging("control", settings.log_level)
+    if settings.auth_disabled:
+        log.warning(
+            "SF_CONTROL_AUTH_DISABLED=true: anyone who reaches port %d can change jobs", settings.port
+        )
+    elif not settings.tokens:
+        log.warning("no SF_CONTROL_TOKENS: reads are open and every change is refused (401)")
+    # uvicorn drains in-flight requests on SIGTERM; the app's lifespan then stops gRPC and the supervisor.
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning")
     return 0
 

@@ -1,3 +1,5 @@
+"""The control app without its dependencies: health says alive, readiness says what is down."""
+
 from __future__ import annotations
 
 from fastapi.testclient import TestClient
@@ -6,7 +8,7 @@ from services.control.api import create_app
 from services.control.settings import ControlSettings
 
 # Nothing listens on these ports: readiness must say so instead of pretending.
-SETTINGS = ControlSettings(kafka_bootstrap="127.0.0.1:1", redis_url="redis://127.0.0.1:1/0")
+SETTINGS = ControlSettings(kafka_bootstrap="127.0.0.1:1", redis_url="redis://127.0.0.1:1/0", grpc_port=0)
 
 
 def test_healthz() -> None:
@@ -18,7 +20,7 @@ def test_readyz_reports_unreachable_dependencies() -> None:
     with TestClient(create_app(SETTINGS)) as client:
         resp = client.get("/readyz")
     assert resp.status_code == 503
-    assert resp.json() == {"ready": False, "checks": {"redis": False, "kafka": False}}
+    assert resp.json() == {"ready": False, "checks": {"redis": False, "kafka": False, "grpc": True}}
 
 
 def test_results_range_is_checked() -> None:
@@ -29,8 +31,44 @@ def test_results_range_is_checked() -> None:
         assert client.get("/jobs/j/results", params={"limit": 0}).status_code == 422
 
 
+def test_store_down_is_503_with_a_message() -> None:
+    with TestClient(create_app(SETTINGS)) as client:
+        resp = client.get("/jobs")
+        assert resp.status_code == 503
+        assert "the job store (Redis) is unavailable" in resp.json()["detail"]
+        assert client.get("/jobs/j/results").status_code == 503
+
+
 def test_metrics_are_prometheus_text() -> None:
     with TestClient(create_app(SETTINGS)) as client:
         resp = client.get("/metrics")
     assert resp.status_code == 200
     assert "# TYPE records_processed_total counter" in resp.text
+    assert "# TYPE control_jobs gauge" in resp.text
+
+
+def test_openapi_documents_every_endpoint_and_the_spec_body() -> None:
+    with TestClient(create_app(SETTINGS)) as client:
+        schema = client.get("/openapi.json").json()
+    paths = schema["paths"]
+    for path, method in [
+        ("/jobs", "post"),
+        ("/jobs/submit", "post"),
+        ("/jobs", "get"),
+        ("/jobs/{job_id}/status", "get"),
+        ("/jobs/{job_id}/cancel", "post"),
+        ("/jobs/{job_id}/metrics", "get"),
+        ("/jobs/{job_id}/savepoint", "post"),
+        ("/jobs/{job_id}/resume", "post"),
+        ("/jobs/{job_id}/results", "get"),
+        ("/services", "get"),
+        ("/cluster/metrics", "get"),
+        ("/healthz", "get"),
+        ("/readyz", "get"),
+        ("/metrics", "get"),
+    ]:
+        assert method in paths[path], f"{method.upper()} {path} is not documented"
+    body = paths["/jobs"]["post"]["requestBody"]["content"]
+    assert set(body) == {"application/json", "application/yaml"}
+    assert "JobSpec" in schema["components"]["schemas"]
+    assert "HTTPBearer" in schema["components"]["securitySchemes"]

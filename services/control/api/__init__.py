@@ -1,0 +1,72 @@
+"""The control API: FastAPI app with one router per resource; the control plane runs in its lifespan."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse
+
+from services.control.api.routes import cluster, health, jobs, services
+from services.control.errors import ControlError
+from services.control.plane import ControlPlane
+from services.control.settings import ControlSettings
+from shared.jobspec import JobSpec
+
+DESCRIPTION = """\
+Submit, watch, cancel and savepoint declarative window jobs; see the registered ingest, processor
+and sink instances; read window results.
+
+Auth: `Authorization: Bearer <token>` with a token from `SF_CONTROL_TOKENS`; reads need the `read`
+scope, changes the `write` scope. Errors are 4xx with a `detail` that says what to fix.
+"""
+
+
+def create_app(settings: ControlSettings, plane: ControlPlane | None = None) -> FastAPI:
+    """The app. Without ``plane`` it builds one and runs it from startup to shutdown; a given plane is
+    the caller's to start and stop (tests)."""
+    control = plane or ControlPlane(settings)
+    owned = plane is None
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        if owned:
+            control.start()
+        try:
+            yield
+        finally:
+            if owned:
+                control.stop()
+
+    app = FastAPI(
+        title="StreamForge control API", version="0.2.0", description=DESCRIPTION, lifespan=lifespan
+    )
+    app.state.settings = settings
+    app.state.plane = control
+
+    @app.exception_handler(ControlError)
+    async def control_error(_request: Request, exc: ControlError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=exc.http_status)
+
+    for router in (health.router, jobs.router, services.router, cluster.router):
+        app.include_router(router)
+
+    def openapi() -> dict[str, Any]:
+        # POST /jobs reads its body by hand (JSON or YAML): add the JobSpec schema it refers to.
+        if app.openapi_schema is None:
+            schema = get_openapi(
+                title=app.title, version=app.version, description=app.description, routes=app.routes
+            )
+            spec = JobSpec.model_json_schema(by_alias=True, ref_template="#/components/schemas/{model}")
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            for name, definition in spec.pop("$defs", {}).items():
+                components.setdefault(name, definition)
+            components["JobSpec"] = spec
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+    return app

@@ -1,0 +1,42 @@
+"""Control's exceptions: one root, and each maps to the HTTP status the API answers with."""
+
+from __future__ import annotations
+
+from shared.errors import StreamForgeError
+
+
+class ControlError(StreamForgeError):
+    """Root of control's own errors; the message says what to fix."""
+
+    http_status = 400
+
+
+class JobNotFound(ControlError):
+    http_status = 404
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"no job {job_id!r}; GET /jobs lists the jobs control knows")
+
+
+class JobConflict(ControlError):
+    """The request does not fit the job's current state (e.g. cancel a finished job)."""
+
+    http_status = 409
+
+
+class IllegalTransition(JobConflict):
+    def __init__(self, job_id: str, current: str, wanted: str, allowed: list[str]) -> None:
+        nexts = ", ".join(allowed) or "nothing (it is final)"
+        super().__init__(
+            f"job {job_id!r} is {current}: it cannot become {wanted}; from {current} it can go to {nexts}"
+        )
+
+
+class SpecRejected(ControlError):
+    """The processor refused the spec (e.g. a Spark SQL expression that does not parse)."""
+
+    http_status = 422
+
+
+class StoreUnavailable(ControlError):
+    http_status = 503

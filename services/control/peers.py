@@ -1,0 +1,77 @@
+"""gRPC clients of the instances control commands: one channel per address, reused across calls."""
+
+from __future__ import annotations
+
+import threading
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from shared.proto import streamforge_pb2_grpc as pb_grpc
+
+# Statuses after which the same call may well succeed later (or elsewhere): retry, do not give up.
+TRANSIENT_CODES = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.ABORTED,
+        grpc.StatusCode.CANCELLED,
+        grpc.StatusCode.UNIMPLEMENTED,  # an older build of the instance: a newer one may come back
+        grpc.StatusCode.INTERNAL,
+    }
+)
+
+
+def describe(error: grpc.RpcError) -> str:
+    """'UNAVAILABLE: failed to connect ...' from a failed call."""
+    code = error.code() if isinstance(error, grpc.Call) else None
+    details = error.details() if isinstance(error, grpc.Call) else str(error)
+    return f"{code.name if code else 'ERROR'}: {details}"
+
+
+def code_of(error: grpc.RpcError) -> grpc.StatusCode:
+    return error.code() if isinstance(error, grpc.Call) else grpc.StatusCode.UNKNOWN
+
+
+class Peers:
+    def __init__(self) -> None:
+        self._channels: dict[str, grpc.Channel] = {}
+        self._lock = threading.Lock()
+
+    def channel(self, target: str) -> grpc.Channel:
+        with self._lock:
+            ch = self._channels.get(target)
+            if ch is None:
+                ch = grpc.insecure_channel(target)
+                self._channels[target] = ch
+            return ch
+
+    def job_commands(self, target: str) -> pb_grpc.JobCommandsStub:
+        return pb_grpc.JobCommandsStub(self.channel(target))
+
+    def stream_config(self, target: str) -> pb_grpc.StreamConfigStub:
+        return pb_grpc.StreamConfigStub(self.channel(target))
+
+    def check_health(self, target: str, timeout_s: float) -> str:
+        """The instance's grpc.health.v1 status: SERVING, NOT_SERVING, ... or UNREACHABLE."""
+        stub = health_pb2_grpc.HealthStub(self.channel(target))
+        try:
+            reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
+        except grpc.RpcError as e:
+            code = code_of(e)
+            return "UNIMPLEMENTED" if code == grpc.StatusCode.UNIMPLEMENTED else "UNREACHABLE"
+        return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
+
+    def forget(self, target: str) -> None:
+        with self._lock:
+            ch = self._channels.pop(target, None)
+        if ch is not None:
+            ch.close()
+
+    def close(self) -> None:
+        with self._lock:
+            channels, self._channels = list(self._channels.values()), {}
+        for ch in channels:
+            ch.close()

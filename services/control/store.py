@@ -1,0 +1,249 @@
+"""The job store and the service registry's records, in Redis (layout in shared.constants).
+
+Everything control knows lives here, so a restarted control loses no job and no state. Each record is
+one JSON value; updates are optimistic transactions (WATCH/MULTI) so the API threads, the gRPC
+threads and the supervisor never overwrite each other's changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Generic, Literal, TypeVar
+
+import orjson
+import redis
+from pydantic import BaseModel, ConfigDict, Field
+
+from services.control.errors import JobConflict, StoreUnavailable
+from services.control.lifecycle import JobState
+from shared import constants
+
+HISTORY_LIMIT = 50
+
+
+class Transition(BaseModel):
+    state: JobState
+    at_ms: int
+    message: str = ""
+
+
+class JobRecord(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    id: str
+    spec: dict[str, Any]  # the validated spec, as JSON (aliases applied): what StartJob sends
+    state: JobState = JobState.CREATED
+    message: str = ""  # why the job is in its state (FAILING, FAILED, CANCELED...)
+    processor: str = ""  # instance id of the processor the job was last placed on
+    placed_at_ms: int = 0
+    created_at_ms: int
+    updated_at_ms: int
+    from_savepoint: str = ""
+    # A stop with savepoint was asked for (CANCELLING then ends FINISHED with savepoint_path).
+    savepoint_requested: bool = False
+    savepoint_dir: str = ""
+    savepoint_path: str = ""
+    # No start or stop is retried before this time (set after a failed or still-pending attempt).
+    next_attempt_ms: int = 0
+    restarts: int = 0  # failures a processor reported, counted against max_restarts
+    recoveries: int = 0  # restarts because the processor holding the job was lost
+    metrics: dict[str, float] = Field(default_factory=dict)
+    metrics_at_ms: int = 0
+    history: list[Transition] = Field(default_factory=list)
+
+    @property
+    def spec_json(self) -> str:
+        return orjson.dumps(self.spec).decode()
+
+    def moved_to(self, state: JobState, now_ms: int, message: str = "") -> JobRecord:
+        """A copy in ``state`` with the transition recorded (legality is the caller's check)."""
+        history = [*self.history, Transition(state=state, at_ms=now_ms, message=message)][-HISTORY_LIMIT:]
+        return self.model_copy(
+            update={
+                "state": state,
+                "message": message,
+                "updated_at_ms": now_ms,
+                "history": history,
+                "next_attempt_ms": 0,  # a new state: its first command goes out at once
+            }
+        )
+
+
+Health = Literal["alive", "lost"]
+
+
+class InstanceRecord(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    instance_id: str
+    service: str
+    host: str
+    grpc_port: int
+    metrics_port: int
+    version: str = ""
+    registered_at_ms: int
+    last_heartbeat_ms: int
+    health: Health = "alive"
+    lost_at_ms: int = 0
+    load: dict[str, float] = Field(default_factory=dict)
+    jobs: list[str] = Field(default_factory=list)  # what a processor says it runs
+    grpc_health: str = "UNKNOWN"  # the instance's own grpc.health.v1 answer, probed by control
+    grpc_health_at_ms: int = 0
+    streams_digest: str = ""  # digest of the job specs this ingest/sink last accepted
+    streams_error: str = ""
+    streams_attempt_ms: int = 0
+
+    @property
+    def target(self) -> str:
+        return f"{self.host}:{self.grpc_port}"
+
+
+R = TypeVar("R", bound=BaseModel)
+
+
+class _Records(Generic[R]):
+    def __init__(self, client: redis.Redis, model: type[R], key_of: Callable[[str], str]) -> None:
+        self.client = client
+        self.model = model
+        self.key_of = key_of
+
+    def _load(self, raw: bytes | str | None) -> R | None:
+        return None if raw is None else self.model.model_validate_json(raw)
+
+    def get(self, record_id: str) -> R | None:
+        try:
+            return self._load(self.client.get(self.key_of(record_id)))
+        except redis.RedisError as e:
+            raise StoreUnavailable(f"the job store (Redis) is unavailable: {e}") from e
+
+    def get_many(self, ids: list[str]) -> list[R]:
+        if not ids:
+            return []
+        try:
+            raws = self.client.mget([self.key_of(i) for i in ids])
+        except redis.RedisError as e:
+            raise StoreUnavailable(f"the job store (Redis) is unavailable: {e}") from e
+        return [r for r in (self._load(raw) for raw in raws) if r is not None]
+
+    def update(self, record_id: str, change: Callable[[R], R | None]) -> R | None:
+        """Apply ``change`` atomically; it returns the new record, or None to leave it as it is.
+
+        Returns the stored record afterwards (None if there is no such record). ``change`` may raise
+        (e.g. IllegalTransition): nothing is written then.
+        """
+        key = self.key_of(record_id)
+        try:
+            with self.client.pipeline() as pipe:
+                while True:
+                    try:
+                        pipe.watch(key)
+                        current = self._load(pipe.get(key))
+                        if current is None:
+                            pipe.unwatch()
+                            return None
+                        new = change(current)
+                        if new is None:
+                            pipe.unwatch()
+                            return current
+                        pipe.multi()
+                        pipe.set(key, new.model_dump_json())
+                        pipe.execute()
+                        return new
+                    except redis.WatchError:
+                        continue  # someone else changed it between our read and write: read again
+        except redis.RedisError as e:
+            raise StoreUnavailable(f"the job store (Redis) is unavailable: {e}") from e
+
+
+class JobStore:
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self._records: _Records[JobRecord] = _Records(client, JobRecord, constants.redis_control_job_key)
+
+    def create(self, job: JobRecord) -> JobRecord:
+        """Store a new job; an existing job with that id is replaced only once it is final."""
+        key = constants.redis_control_job_key(job.id)
+        try:
+            with self.client.pipeline() as pipe:
+                while True:
+                    try:
+                        pipe.watch(key)
+                        existing = self._records._load(pipe.get(key))
+                        if existing is not None and not existing.state.is_final:
+                            pipe.unwatch()
+                            raise JobConflict(
+                                f"job {job.id!r} already exists and is {existing.state}; cancel it "
+                                "(POST /jobs/{id}/cancel) and wait for it to end, or submit under another id"
+                            )
+                        pipe.multi()
+                        pipe.set(key, job.model_dump_json())
+                        pipe.zadd(constants.REDIS_CONTROL_JOBS, {job.id: job.created_at_ms})
+                        pipe.execute()
+                        return job
+                    except redis.WatchError:
+                        continue
+        except redis.RedisError as e:
+            raise StoreUnavailable(f"the job store (Redis) is unavailable: {e}") from e
+
+    def get(self, job_id: str) -> JobRecord | None:
+        return self._records.get(job_id)
+
+    def ids(self) -> list[str]:
+        try:
+            raw: list[bytes] = self.client.zrange(constants.REDIS_CONTROL_JOBS, 0, -1)  # type: ignore[assignment]
+        except redis.RedisError as e:
+            raise StoreUnavailable(f"the job store (Redis) is unavailable: {e}") from e
+        return [_text(i) for i in raw]
+
+    def list(self) -> list[JobRecord]:
+        """Every job, oldest submission first."""
+        return self._records.get_many(self.ids())
+
+    def update(self, job_id: str, change: Callable[[JobRecord], JobRecord | None]) -> JobRecord | None:
+        return self._records.update(job_id, change)
+
+
+class InstanceStore:
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self._records: _Records[InstanceRecord] = _Records(
+            client, InstanceRecord, constants.redis_control_instance_key
+        )
+
+    def put(self, instance: InstanceRecord) -> None:
+        try:
+            pipe = self.client.pipeline()
+            pipe.set(constants.redis_control_instance_key(instance.instance_id), instance.model_dump_json())
+            pipe.sadd(constants.REDIS_CONTROL_INSTANCES, instance.instance_id)
+            pipe.execute()
+        except redis.RedisError as e:
+            raise StoreUnavailable(f"the job store (Redis) is unavailable: {e}") from e
+
+    def get(self, instance_id: str) -> InstanceRecord | None:
+        return self._records.get(instance_id)
+
+    def list(self) -> list[InstanceRecord]:
+        try:
+            members: set[bytes] = self.client.smembers(constants.REDIS_CONTROL_INSTANCES)  # type: ignore[assignment]
+            ids = sorted(_text(i) for i in members)
+        except redis.RedisError as e:
+            raise StoreUnavailable(f"the job store (Redis) is unavailable: {e}") from e
+        return self._records.get_many(ids)
+
+    def update(
+        self, instance_id: str, change: Callable[[InstanceRecord], InstanceRecord | None]
+    ) -> InstanceRecord | None:
+        return self._records.update(instance_id, change)
+
+    def delete(self, instance_id: str) -> None:
+        try:
+            pipe = self.client.pipeline()
+            pipe.delete(constants.redis_control_instance_key(instance_id))
+            pipe.srem(constants.REDIS_CONTROL_INSTANCES, instance_id)
+            pipe.execute()
+        except redis.RedisError as e:
+            raise StoreUnavailable(f"the job store (Redis) is unavailable: {e}") from e
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -1,0 +1,284 @@
+"""Client side of control's gRPC Registry: register at start, heartbeat with load, deregister at stop.
+
+Every ingest, processor and sink instance runs one ``Registration``. Two lines in a service's main():
+
+    registration = start_registration(settings, "processor", grpc_port=settings.grpc_port,
+                                      metrics_port=settings.metrics_port, jobs=processor.job_statuses)
+    ...
+    registration.stop()   # on shutdown: deregisters, so control reschedules at once
+
+It never blocks or fails the service: registration and heartbeats run on a daemon thread, retry with
+backoff while control is away, and register again when a heartbeat answers ``known=false`` (control
+lost track of the instance, e.g. it was marked lost during a long pause). With no
+``SF_CONTROL_GRPC_TARGET`` set it does nothing.
+
+A processor passes ``jobs``: a callable returning the ``JobStatus`` messages of the jobs it runs (as
+its ListJobs answers); control updates job states and metrics from them. Load (CPU, resident memory of
+the process and its children such as a PySpark JVM, records/s from ``records_processed_total``) is
+measured here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from importlib import metadata
+from pathlib import Path
+
+import grpc
+
+from shared.metrics import RECORDS_PROCESSED
+from shared.proto import streamforge_pb2 as pb
+from shared.proto import streamforge_pb2_grpc as pb_grpc
+from shared.settings import BaseServiceSettings
+
+log = logging.getLogger(__name__)
+
+JobsProvider = Callable[[], Iterable[pb.JobStatus]]
+
+
+def new_instance_id(service: str) -> str:
+    """Unique per running instance: a restarted process is a new instance."""
+    return f"{service}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+def _version() -> str:
+    try:
+        return metadata.version("streamforge")
+    except metadata.PackageNotFoundError:
+        return ""
+
+
+class LoadMeter:
+    """CPU %, resident memory and records/s of this process and its descendants, between two reads."""
+
+    def __init__(self, service: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self.service = service
+        self.clock = clock
+        self._tick = os.sysconf("SC_CLK_TCK")
+        self._last = (clock(), self._cpu_seconds(), self._records())
+
+    def read(self, running_jobs: int = 0) -> pb.Load:
+        now, cpu, records = self.clock(), self._cpu_seconds(), self._records()
+        then, cpu_then, records_then = self._last
+        self._last = (now, cpu, records)
+        elapsed = max(now - then, 1e-6)
+        return pb.Load(
+            cpu_percent=max(0.0, 100.0 * (cpu - cpu_then) / elapsed),
+            rss_bytes=self._rss_bytes(),
+            records_per_second=max(0.0, (records - records_then) / elapsed),
+            running_jobs=running_jobs,
+        )
+
+    def _records(self) -> float:
+        total = 0.0
+        for metric in RECORDS_PROCESSED.collect():
+            for sample in metric.samples:
+                if sample.name.endswith("_total") and sample.labels.get("service") == self.service:
+                    total += sample.value
+        return total
+
+    def _pids(self) -> list[int]:
+        """This process and its descendants (a PySpark driver's JVM counts as the processor's load)."""
+        parents: dict[int, int] = {}
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                stat = _stat_fields(int(entry.name))
+                if stat is not None:
+                    parents[int(entry.name)] = int(stat[1])
+        family, todo = [], [os.getpid()]
+        while todo:
+            pid = todo.pop()
+            family.append(pid)
+            todo.extend(child for child, parent in parents.items() if parent == pid)
+        return family
+
+    def _cpu_seconds(self) -> float:
+        total = 0
+        for pid in self._pids():
+            stat = _stat_fields(pid)
+            if stat is not None:
+                total += int(stat[11]) + int(stat[12])  # utime, stime (fields 14 and 15 of stat)
+        return total / self._tick
+
+    def _rss_bytes(self) -> int:
+        total_kb = 0
+        for pid in self._pids():
+            try:
+                status = Path(f"/proc/{pid}/status").read_text()
+            except OSError:
+                continue
+            for line in status.splitlines():
+                if line.startswith("VmRSS:"):
+                    total_kb += int(line.split()[1])
+                    break
+        return total_kb * 1024
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """Fields of /proc/<pid>/stat after the command name (index 0 is the state)."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return raw[raw.rindex(")") + 2 :].split()
+
+
+class Registration:
+    """Keeps one instance registered with control until stop()."""
+
+    def __init__(
+        self,
+        target: str,
+        service: str,
+        *,
+        grpc_port: int,
+        metrics_port: int = 0,
+        host: str = "127.0.0.1",
+        instance_id: str | None = None,
+        jobs: JobsProvider | None = None,
+        timeout_s: float = 3.0,
+        max_backoff_s: float = 5.0,
+    ) -> None:
+        self.target = target
+        self.service = service
+        self.instance = pb.ServiceInstance(
+            instance_id=instance_id or new_instance_id(service),
+            service=service,
+            host=host,
+            grpc_port=grpc_port,
+            metrics_port=metrics_port,
+            version=_version(),
+        )
+        self.jobs = jobs
+        self.timeout_s = timeout_s
+        self.max_backoff_s = max_backoff_s
+        self.interval_s = 1.0  # until control says otherwise
+        self.registered = threading.Event()
+        self.heartbeats_sent = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._channel: grpc.Channel | None = None
+        self._meter = LoadMeter(service)
+
+    @property
+    def instance_id(self) -> str:
+        return self.instance.instance_id
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.target)
+
+    def start(self) -> Registration:
+        if not self.enabled or self._thread is not None:
+            return self
+        self._channel = grpc.insecure_channel(self.target)
+        self._thread = threading.Thread(target=self._run, name=f"registry-{self.service}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, deregister: bool = True) -> None:
+        """Stop heartbeating; tell control we are gone (so it reschedules without waiting a timeout)."""
+        if self._thread is None:
+            return
+        self._stop.set()
+        self._thread.join(timeout=self.timeout_s + 1)
+        self._thread = None
+        if deregister and self.registered.is_set() and self._channel is not None:
+            try:
+                self._stub().Deregister(pb.DeregisterRequest(instance_id=self.instance_id), timeout=2.0)
+            except grpc.RpcError as e:
+                log.info("could not deregister from control at %s: %s", self.target, _describe(e))
+        self.registered.clear()
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+
+    def _stub(self) -> pb_grpc.RegistryStub:
+        assert self._channel is not None
+        return pb_grpc.RegistryStub(self._channel)
+
+    def _run(self) -> None:
+        backoff_s = 0.2
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                if not self.registered.is_set():
+                    self._register()
+                else:
+                    self._heartbeat()
+                failures = 0
+                backoff_s = 0.2
+                if self.registered.is_set():
+                    self._stop.wait(self.interval_s)
+            except grpc.RpcError as e:
+                failures += 1
+                # Say it once at WARNING; a control that stays away should not flood the log.
+                level = logging.WARNING if failures == 1 else logging.DEBUG
+                log.log(level, "control registry at %s: %s (retrying)", self.target, _describe(e))
+                self._stop.wait(backoff_s if not self.registered.is_set() else self.interval_s)
+                backoff_s = min(backoff_s * 2, self.max_backoff_s)
+            except Exception:  # a bad jobs() callback must not end registration for good
+                log.exception("registry heartbeat failed")
+                self._stop.wait(self.interval_s)
+
+    def _register(self) -> None:
+        reply = self._stub().Register(pb.RegisterRequest(instance=self.instance), timeout=self.timeout_s)
+        if reply.heartbeat_interval_ms > 0:
+            self.interval_s = reply.heartbeat_interval_ms / 1000
+        self.registered.set()
+        log.info(
+            "registered with control at %s as %s (heartbeat every %.1f s)",
+            self.target,
+            self.instance_id,
+            self.interval_s,
+        )
+
+    def _heartbeat(self) -> None:
+        statuses = list(self.jobs()) if self.jobs is not None else []
+        running = sum(1 for s in statuses if s.state == pb.JOB_STATE_RUNNING)
+        request = pb.HeartbeatRequest(
+            instance_id=self.instance_id, load=self._meter.read(running), jobs=statuses
+        )
+        reply = self._stub().Heartbeat(request, timeout=self.timeout_s)
+        self.heartbeats_sent += 1
+        if not reply.known:
+            log.info("control does not know %s (any more): registering again", self.instance_id)
+            self.registered.clear()
+
+
+def start_registration(
+    settings: BaseServiceSettings,
+    service: str,
+    *,
+    grpc_port: int,
+    metrics_port: int = 0,
+    jobs: JobsProvider | None = None,
+    instance_id: str | None = None,
+) -> Registration:
+    """Register this instance with control (``settings.control_grpc_target``) and keep it registered.
+
+    Returns at once; with no control target configured the returned Registration does nothing.
+    """
+    registration = Registration(
+        settings.control_grpc_target,
+        service,
+        grpc_port=grpc_port,
+        metrics_port=metrics_port,
+        instance_id=instance_id,
+        jobs=jobs,
+    )
+    if not registration.enabled:
+        log.info("SF_CONTROL_GRPC_TARGET is not set: %s does not register with control", service)
+    return registration.start()
+
+
+def _describe(error: grpc.RpcError) -> str:
+    if isinstance(error, grpc.Call):
+        return f"{error.code().name}: {error.details()}"
+    return str(error)

@@ -1,0 +1,85 @@
+"""The job state machine: which transitions exist, which are refused, and the proto mapping."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.control.errors import IllegalTransition
+from services.control.lifecycle import FINAL_STATES, TRANSITIONS, JobState, allowed_next, can_transition
+from services.control.manager import JobManager, specs_digest
+from services.control.store import JobRecord
+from shared.proto import streamforge_pb2 as pb
+
+
+def test_every_design_state_exists_and_maps_to_the_proto_enum() -> None:
+    assert [s.value for s in JobState] == [
+        "CREATED",
+        "RUNNING",
+        "FAILING",
+        "FAILED",
+        "CANCELLING",
+        "CANCELED",
+        "FINISHED",
+    ]
+    for state in JobState:
+        assert JobState.from_proto(state.to_proto()) is state
+        assert pb.JobState.Name(state.to_proto()) == f"JOB_STATE_{state.value}"
+    assert JobState.from_proto(pb.JOB_STATE_UNSPECIFIED) is None
+    assert JobState.from_proto(99) is None
+
+
+def test_final_states_have_no_way_out() -> None:
+    assert {JobState.FAILED, JobState.CANCELED, JobState.FINISHED} == FINAL_STATES
+    for state in FINAL_STATES:
+        assert not TRANSITIONS[state]
+        assert allowed_next(state) == []
+        assert state.is_final
+
+
+@pytest.mark.parametrize(
+    ("current", "wanted", "legal"),
+    [
+        (JobState.CREATED, JobState.RUNNING, True),
+        (JobState.RUNNING, JobState.FAILING, True),
+        (JobState.FAILING, JobState.RUNNING, True),  # restarted from its checkpoint
+        (JobState.RUNNING, JobState.CANCELLING, True),
+        (JobState.CANCELLING, JobState.CANCELED, True),
+        (JobState.CANCELLING, JobState.FINISHED, True),  # stopped with a savepoint
+        (JobState.CANCELLING, JobState.RUNNING, True),  # the savepoint failed; it keeps running
+        (JobState.CREATED, JobState.FINISHED, False),
+        (JobState.RUNNING, JobState.CANCELED, False),  # only through CANCELLING
+        (JobState.FAILED, JobState.RUNNING, False),
+        (JobState.CANCELED, JobState.CANCELLING, False),
+        (JobState.FINISHED, JobState.RUNNING, False),
+        (JobState.FAILING, JobState.FINISHED, False),
+    ],
+)
+def test_transitions(current: JobState, wanted: JobState, legal: bool) -> None:
+    assert can_transition(current, wanted) is legal
+
+
+def test_an_illegal_transition_is_refused_with_the_allowed_ones() -> None:
+    job = JobRecord(id="j", spec={}, state=JobState.CANCELED, created_at_ms=1, updated_at_ms=1)
+    manager = JobManager.__new__(JobManager)  # only _moved is used: no store, no threads
+    manager.clock = lambda: 5
+    with pytest.raises(IllegalTransition) as err:
+        manager._moved(job, JobState.RUNNING, "why")
+    assert err.value.http_status == 409
+    assert "is CANCELED: it cannot become RUNNING; from CANCELED it can go to nothing" in str(err.value)
+    moved = manager._moved(job.model_copy(update={"state": JobState.RUNNING}), JobState.FAILING, "lost")
+    assert (moved.state, moved.message, moved.updated_at_ms) == (JobState.FAILING, "lost", 5)
+    assert moved.history[-1].state == JobState.FAILING
+
+
+def test_history_is_bounded() -> None:
+    job = JobRecord(id="j", spec={}, created_at_ms=0, updated_at_ms=0)
+    for i in range(120):
+        job = job.moved_to(JobState.RUNNING if i % 2 else JobState.FAILING, i)
+    assert len(job.history) == 50
+    assert job.history[-1].at_ms == 119
+
+
+def test_specs_digest_changes_with_the_specs_only() -> None:
+    assert specs_digest(["a", "b"]) == specs_digest(["a", "b"])
+    assert specs_digest(["a", "b"]) != specs_digest(["ab"])
+    assert specs_digest([]) != specs_digest([""])
