@@ -1,7 +1,15 @@
-"""The sink loop: consume a batch, keep each window's newest update, write to Redis, then commit.
+"""The sink loop: read window updates into a KIP-63 record cache, write them to Redis, then commit.
 
-Offsets are committed only after Redis accepted the batch; a crash before that replays the batch,
-which the version check in Redis turns into a no-op.
+- Every update goes through the record cache (services.sink.cache): the newest version per window is
+  kept, the least recently updated entries are written when the cache outgrows its byte budget.
+- Every ``commit_interval_ms`` the whole cache is written (one pipeline) and only then are the offsets
+  of everything read so far committed. A committed offset is therefore never past an unwritten update:
+  a crash replays from the last commit, and the version check in Redis turns replays into no-ops.
+- Redis down or slow: consumption is paused (the group membership is kept, the consumer keeps polling),
+  the write is retried with exponential backoff, nothing is skipped; consumption resumes once it works.
+- Partitions revoked in a rebalance: the cache is written and the offsets committed before they go. If
+  Redis is down then, the revoked partitions' unwritten updates are dropped uncommitted instead: their
+  next owner reads them again from the last commit (safe for the same reason replays are).
 """
 
 from __future__ import annotations
@@ -9,64 +17,120 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
+from collections.abc import Callable
 
 import redis
-from confluent_kafka import Consumer, Message, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from pydantic import ValidationError
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
+from services.sink import metrics as m
+from services.sink.cache import CacheEntry, RecordCache, TopicPartitionKey, entry_size
+from services.sink.errors import DeadLetterError, SinkError
 from services.sink.settings import SinkSettings
 from services.sink.store import ResultStore
 from shared import constants
-from shared.errors import StreamForgeError
-from shared.kafka import (
-    consumer_config,
-    coordinates,
-    dead_letter_headers,
-    ensure_topics,
-    is_record,
-    next_offsets,
-)
+from shared.kafka import consumer_config, coordinates, dead_letter_headers, ensure_topics, is_record
 from shared.metrics import DLQ_EVENTS, PROCESSING_LATENCY, RECORDS_PROCESSED
-from shared.records import WindowResult
+from shared.records import RESERVED_FIELDS, WindowResult
 
 log = logging.getLogger(__name__)
 SERVICE = "sink"
 
-
-class SinkError(StreamForgeError):
-    """Root of the sink's own errors."""
+__all__ = ["Sink", "SinkError", "parse_update"]
 
 
-def newest_per_window(results: list[WindowResult]) -> list[WindowResult]:
-    """Only the highest version of each window matters; older ones would be refused by Redis anyway."""
-    newest: dict[tuple[str, str, int], WindowResult] = {}
-    for r in results:
-        seen = newest.get(r.identity)
-        if seen is None or r.version > seen.version:
-            newest[r.identity] = r
-    return list(newest.values())
+def parse_update(value: bytes) -> WindowResult:
+    """A record of the aggregates topic -> WindowResult; ValueError says why it is unusable."""
+    result = WindowResult.from_json(value)
+    clash = RESERVED_FIELDS.intersection(result.aggregates)
+    if clash:
+        raise ValueError(f"aggregate name(s) {sorted(clash)} clash with the window hash's own fields")
+    return result
 
 
 class Sink:
-    def __init__(self, settings: SinkSettings) -> None:
+    def __init__(self, settings: SinkSettings, clock: Callable[[], float] = time.monotonic) -> None:
         self.settings = settings
+        self._clock = clock
         self._stop = threading.Event()
         self._consumer: Consumer | None = None
         self._producer: Producer | None = None
-        self.store = ResultStore(redis.Redis.from_url(settings.redis_url), settings.window_ttl_ms)
+        timeout_s = settings.redis_socket_timeout_ms / 1000
+        client = redis.Redis.from_url(
+            settings.redis_url,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            # Our own loop retries (with backoff and paused consumption); the client must not hide outages.
+            retry=Retry(NoBackoff(), 0),
+        )
+        self.store = ResultStore(client, settings.window_ttl_ms)
+        self.cache = RecordCache(settings.cache_max_bytes_buffering)
+        # Evicted from the cache, not yet accepted by Redis (written before anything else).
+        self._evicted: list[CacheEntry] = []
+        # Offset to commit per partition: one past the last record read since the last commit.
+        self._positions: dict[TopicPartitionKey, int] = {}
+        self._last_commit = clock()
+        self._paused = False
+        self._pause_assignment = False
+        self._retry_at = 0.0
+        self._backoff_ms = settings.redis_retry_initial_backoff_ms
+        self._dlq_failures: list[str] = []
+        self.received: Counter[str] = Counter()
+        self.written: Counter[str] = Counter()
 
+    # --- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
         s = self.settings
-        self.store.client.ping()
+        try:
+            self.store.load_function()
+        except redis.RedisError as e:
+            # Not fatal: the first write loads it, and until Redis answers consumption stays paused.
+            log.warning("redis not reachable at start (%s); writes wait for it", e)
         dlqs = [constants.dlq_topic(t) for t in s.topics]
         ensure_topics(s.kafka_bootstrap, [*s.topics, *dlqs], s.topic_partitions)
-        self._producer = Producer({"bootstrap.servers": s.kafka_bootstrap, "enable.idempotence": True})
-        self._consumer = Consumer(consumer_config(s.kafka_bootstrap, s.group_id))
-        self._consumer.subscribe(s.topics)
-        log.info("sinking %s into %s", ", ".join(s.topics), s.redis_url)
+        self._producer = Producer(
+            {"bootstrap.servers": s.kafka_bootstrap, "enable.idempotence": True, "linger.ms": 5},
+            logger=logging.getLogger("librdkafka.producer"),
+        )
+        self._consumer = Consumer(
+            consumer_config(s.kafka_bootstrap, s.group_id, **{"session.timeout.ms": s.session_timeout_ms}),
+            logger=logging.getLogger("librdkafka.consumer"),
+        )
+        self._consumer.subscribe(
+            s.topics, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
+        )
+        log.info(
+            "sinking %s into %s (commit every %d ms, cache %d bytes)",
+            ", ".join(s.topics),
+            s.redis_url,
+            s.commit_interval_ms,
+            s.cache_max_bytes_buffering,
+        )
 
     def stop(self) -> None:
         self._stop.set()
+
+    @property
+    def paused(self) -> bool:
+        """True while consumption is paused because Redis refused the last write attempt."""
+        return self._paused
+
+    @property
+    def unwritten(self) -> int:
+        """Updates read but not yet accepted by Redis (cached or evicted)."""
+        return len(self.cache) + len(self._evicted)
+
+    @property
+    def uncommitted(self) -> dict[TopicPartitionKey, int]:
+        """Offsets read past the last commit: what the next commit will commit, per partition."""
+        return dict(self._positions)
+
+    def assignment(self) -> list[TopicPartition]:
+        """The partitions this replica owns right now."""
+        return self._consumer.assignment() if self._consumer is not None else []
 
     def run(self) -> None:
         """Serve until stop(); start() first."""
@@ -77,55 +141,249 @@ class Sink:
             self.close()
 
     def close(self) -> None:
+        """Write what is cached and commit (bounded by shutdown_flush_timeout_ms), then leave the group."""
         if self._consumer is not None:
+            deadline = self._clock() + self.settings.shutdown_flush_timeout_ms / 1000
+            while True:
+                try:
+                    self._flush_and_commit("shutdown")
+                    break
+                except DeadLetterError as e:
+                    log.error("%s: nothing more committed; the records are read again on restart", e)
+                    break
+                except redis.RedisError as e:
+                    if self._clock() >= deadline:
+                        log.warning("redis still failing at shutdown (%s): unwritten updates are replayed", e)
+                        break
+                    time.sleep(self._next_backoff_s())
             self._consumer.close()
             self._consumer = None
         if self._producer is not None:
-            self._producer.flush(10)
+            self._producer.flush(self.settings.dlq_flush_timeout_ms / 1000)
             self._producer = None
 
+    # --- the loop -------------------------------------------------------------------------------
     def run_once(self) -> int:
-        assert self._consumer is not None and self._producer is not None, "start() first"
+        """Read one batch into the cache, then write what has to go; returns the records read."""
+        consumer = self._consumer
+        assert consumer is not None and self._producer is not None, "start() first"
         s = self.settings
-        msgs = self._consumer.consume(num_messages=s.batch_max_records, timeout=s.batch_max_wait_ms / 1000)
-        records = [m for m in msgs if is_record(m)]
-        if not records:
-            return 0
+        if self._pause_assignment:
+            self._pause()
+        wait_s = s.batch_max_wait_ms / 1000
+        if self._paused:
+            wait_s = min(wait_s, max(0.0, self._retry_at - self._clock()))
+        # While paused this returns nothing but keeps the group membership (max.poll.interval.ms).
+        msgs = consumer.consume(num_messages=s.batch_max_records, timeout=wait_s)
+        records = [msg for msg in msgs if is_record(msg)]
         started = time.perf_counter()
-        results: list[WindowResult] = []
-        for m in records:
-            try:
-                results.append(WindowResult.from_json(m.value() or b""))
-            except (ValidationError, ValueError) as e:
-                self._dead_letter(m, e)
-        latest = newest_per_window(results)
-        self._write_until_done(latest)
-        # Bad records are in the DLQ before their offsets are committed: nothing is lost.
-        self._producer.flush(30)
-        self._consumer.commit(offsets=next_offsets(records), asynchronous=False)
-        for job in {r.job_id for r in latest}:
-            RECORDS_PROCESSED.labels(SERVICE, job).inc(sum(1 for r in results if r.job_id == job))
-            PROCESSING_LATENCY.labels(SERVICE, job).observe(time.perf_counter() - started)
-        return len(latest)
+        jobs = self._absorb(records)
+        self._producer.poll(0)
+        if self._dlq_failures:
+            raise DeadLetterError(f"dead-letter delivery failed: {self._dlq_failures[0]}")
+        if self._paused and self._clock() < self._retry_at:
+            return len(records)
+        try:
+            if self._evicted:
+                self._write(self._evicted, "eviction")
+                self._evicted = []
+            if self._clock() - self._last_commit >= s.commit_interval_ms / 1000:
+                self._flush_and_commit("commit")
+        except redis.RedisError as e:
+            self._on_redis_failure(e)
+            return len(records)
+        if self._paused:
+            self._resume()
+        elapsed = time.perf_counter() - started
+        for job in jobs:
+            PROCESSING_LATENCY.labels(SERVICE, job).observe(elapsed)
+        return len(records)
 
-    def _write_until_done(self, results: list[WindowResult]) -> None:
-        """Redis down or slow: back off and retry; an update is never skipped."""
-        backoff_ms = 50
+    def _absorb(self, records: list[Message]) -> set[str]:
+        """Records -> cache (bad ones -> dead-letter topic); returns the jobs they were about."""
+        per_job: Counter[str] = Counter()
+        for msg in records:
+            topic, partition, offset = coordinates(msg)
+            self._positions[(topic, partition)] = offset + 1
+            value = msg.value() or b""
+            try:
+                result = parse_update(value)
+            except (ValidationError, ValueError) as e:
+                self._dead_letter(msg, type(e).__name__, str(e))
+                continue
+            per_job[result.job_id] += 1
+            entry = CacheEntry(result, entry_size(value), topic, partition, offset)
+            self._evicted += self.cache.put(entry)
+        for job, n in per_job.items():
+            m.UPDATES_RECEIVED.labels(job).inc(n)
+            RECORDS_PROCESSED.labels(SERVICE, job).inc(n)
+            self.received[job] += n
+        m.CACHE_BYTES.set(self.cache.bytes)
+        m.CACHE_ENTRIES.set(len(self.cache))
+        return set(per_job)
+
+    def _flush_and_commit(self, reason: str) -> None:
+        """Write the evicted and cached updates, then commit everything read so far.
+
+        Raises redis.RedisError with the cache intact (nothing lost, nothing committed).
+        """
+        consumer = self._consumer
+        assert consumer is not None and self._producer is not None
+        pending = self._evicted + list(self.cache)
+        if pending:
+            self._write(pending, reason)
+        self._evicted = []
+        self.cache.drain()
+        m.CACHE_BYTES.set(0)
+        m.CACHE_ENTRIES.set(0)
+        self._last_commit = self._clock()
+        if not self._positions:
+            return
+        # Dead letters must be in Kafka before the offsets of their records are committed.
+        undelivered = self._producer.flush(self.settings.dlq_flush_timeout_ms / 1000)
+        if self._dlq_failures:
+            raise DeadLetterError(f"dead-letter delivery failed: {self._dlq_failures[0]}")
+        if undelivered:
+            log.warning("%d dead letter(s) not yet delivered; commit postponed", undelivered)
+            return
+        offsets = [TopicPartition(t, p, o) for (t, p), o in self._positions.items()]
+        try:
+            consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as e:
+            # Redis already has the updates; if a replay happens it is a no-op. Retried next interval.
+            log.warning("offset commit failed (%s); retried at the next commit", e)
+            return
+        self._positions.clear()
+
+    def _write(self, entries: list[CacheEntry], reason: str) -> None:
+        outcome = self.store.write([e.result for e in entries])
+        m.FLUSHES.labels(reason).inc()
+        per_job = Counter(e.result.job_id for e in entries)
+        for job, n in per_job.items():
+            m.REDIS_WRITES.labels(job).inc(n)
+            self.written[job] += n
+            m.WRITE_REDUCTION_RATIO.labels(job).set(self.received[job] / self.written[job])
+        for job, n in Counter(entries[i].result.job_id for i in outcome.stale).items():
+            m.STALE_UPDATES.labels(job).inc(n)
+        for index, error in outcome.rejected:
+            self._dead_letter_entry(entries[index], error)
+
+    # --- Redis outages --------------------------------------------------------------------------
+    def _next_backoff_s(self) -> float:
+        backoff_ms = self._backoff_ms
+        self._backoff_ms = min(self._backoff_ms * 2, self.settings.redis_retry_max_backoff_ms)
+        return backoff_ms / 1000
+
+    def _on_redis_failure(self, error: redis.RedisError) -> None:
+        m.REDIS_ERRORS.inc()
+        if not self._paused:
+            log.warning("redis write failed (%s): pausing consumption until it works again", error)
+            self._pause()
+        else:
+            log.info("redis write failed again (%s)", error)
+        self._retry_at = self._clock() + self._next_backoff_s()
+
+    def _pause(self) -> None:
+        assert self._consumer is not None
+        self._consumer.pause(self._consumer.assignment())
+        self._paused = True
+        self._pause_assignment = False
+        m.CONSUMPTION_PAUSED.set(1)
+
+    def _resume(self) -> None:
+        assert self._consumer is not None
+        self._consumer.resume(self._consumer.assignment())
+        self._paused = False
+        self._backoff_ms = self.settings.redis_retry_initial_backoff_ms
+        m.CONSUMPTION_PAUSED.set(0)
+        log.info("redis writes work again: consumption resumed")
+
+    # --- rebalances -----------------------------------------------------------------------------
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        log.info("assigned %s", _names(partitions))
+        if self._paused:
+            # Newly assigned partitions must wait for Redis too; paused on the next loop turn.
+            self._pause_assignment = True
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Write and commit before the partitions go; if Redis fails, leave them to the next owner."""
+        log.info("revoked %s", _names(partitions))
+        try:
+            self._flush_and_commit("revocation")
+        except (redis.RedisError, DeadLetterError) as e:
+            self._drop({(p.topic, p.partition) for p in partitions}, e)
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # Someone else may own them already: committing is impossible, writing pointless.
+        self._drop({(p.topic, p.partition) for p in partitions}, "partitions lost")
+
+    def _drop(self, sources: set[TopicPartitionKey], why: object) -> None:
+        dropped = self.cache.drop_sources(sources)
+        kept = [e for e in self._evicted if e.source not in sources]
+        dropped += len(self._evicted) - len(kept)
+        self._evicted = kept
+        for source in sources:
+            self._positions.pop(source, None)
+        if dropped:
+            m.DROPPED_ON_REVOKE.inc(dropped)
+            log.warning(
+                "left %d unwritten update(s) of %s uncommitted (%s); their next owner replays them",
+                dropped,
+                sorted(sources),
+                why,
+            )
+
+    # --- dead letters ---------------------------------------------------------------------------
+    def _dead_letter(self, msg: Message, error_class: str, reason: str) -> None:
+        assert self._producer is not None
+        topic, partition, offset = coordinates(msg)
+        headers = dead_letter_headers(msg, error_class, reason, SERVICE)
+        self._produce_dead_letter(topic, msg.key(), msg.value(), headers)
+        DLQ_EVENTS.labels(SERVICE, "unknown", error_class).inc()
+        log.error("unreadable result at %s[%d]@%d: %s", topic, partition, offset, reason)
+
+    def _dead_letter_entry(self, entry: CacheEntry, error: str) -> None:
+        """An update Redis refused (e.g. its key holds another type): parked, never retried forever."""
+        r = entry.result
+        headers: list[tuple[str, str | bytes | None]] = [
+            (constants.HDR_ERROR_CLASS, b"RedisRefused"),
+            (constants.HDR_ERROR_MESSAGE, error[:4000].encode()),
+            (constants.HDR_SOURCE_TOPIC, entry.topic.encode()),
+            (constants.HDR_SOURCE_PARTITION, str(entry.partition).encode()),
+            (constants.HDR_SOURCE_OFFSET, str(entry.offset).encode()),
+            (constants.HDR_SERVICE, SERVICE.encode()),
+            (constants.HDR_ERROR_TIME_MS, str(int(time.time() * 1000)).encode()),
+        ]
+        key = f"{r.job_id}|{r.key}".encode()
+        self._produce_dead_letter(entry.topic, key, r.to_json(), headers)
+        DLQ_EVENTS.labels(SERVICE, r.job_id, "RedisRefused").inc()
+        log.error("redis refused window %s of %s: %s", r.identity, entry.topic, error)
+
+    def _produce_dead_letter(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: list[tuple[str, str | bytes | None]],
+    ) -> None:
+        assert self._producer is not None
         while True:
             try:
-                self.store.upsert(results)
+                self._producer.produce(
+                    constants.dlq_topic(topic),
+                    key=key,
+                    value=value,
+                    headers=headers,
+                    on_delivery=self._on_dlq_delivery,
+                )
                 return
-            except redis.RedisError as e:
-                if self._stop.is_set():
-                    raise SinkError("stopping with an unwritten batch; it is replayed on restart") from e
-                log.warning("redis write failed (%s); retrying in %d ms", e, backoff_ms)
-                time.sleep(backoff_ms / 1000)
-                backoff_ms = min(backoff_ms * 2, self.settings.redis_retry_max_backoff_ms)
+            except BufferError:
+                self._producer.poll(0.1)  # local queue full: let deliveries drain
 
-    def _dead_letter(self, m: Message, error: Exception) -> None:
-        assert self._producer is not None
-        topic, partition, offset = coordinates(m)
-        headers = dead_letter_headers(m, type(error).__name__, str(error), SERVICE)
-        self._producer.produce(constants.dlq_topic(topic), key=m.key(), value=m.value(), headers=headers)
-        DLQ_EVENTS.labels(SERVICE, "unknown", type(error).__name__).inc()
-        log.error("unreadable result at %s[%d]@%d: %s", topic, partition, offset, error)
+    def _on_dlq_delivery(self, err: KafkaError | None, msg: Message) -> None:
+        if err is not None:
+            self._dlq_failures.append(str(err))
+
+
+def _names(partitions: list[TopicPartition]) -> str:
+    return ", ".join(f"{p.topic}[{p.partition}]" for p in partitions) or "nothing"

@@ -12,9 +12,25 @@ class SinkSettings(BaseServiceSettings):
 
     topics: list[str] = Field(default_factory=lambda: [constants.DEFAULT_AGGREGATES_TOPIC])
     group_id: str = "sf-sink"
+    # A replica that dies without leaving the group (SIGKILL) keeps its partitions this long.
+    session_timeout_ms: int = Field(10_000, ge=1_000)
     batch_max_records: int = Field(2_000, ge=1)
     batch_max_wait_ms: int = Field(200, ge=1)
-    # 0 keeps windows forever; otherwise each window hash expires this long after its last update.
+    # KIP-63 record cache. Every commit_interval_ms the whole cache is written to Redis and then the
+    # offsets are committed; in between, cache_max_bytes_buffering (0: no cache, every update is
+    # written) bounds the dirty entries, and the least recently updated ones are written to make room.
+    commit_interval_ms: int = Field(1_000, ge=1)
+    cache_max_bytes_buffering: int = Field(10 * 1024 * 1024, ge=0)
+    # Retention (0: forever). A window hash expires this long after its last update; a key's window
+    # index drops windows starting this much (event time) before the window being written; the index
+    # and the job's key set expire this long after their last write.
     window_ttl_ms: int = Field(0, ge=0)
+    # Redis down or slow: consumption is paused and the write retried with exponential backoff.
+    redis_retry_initial_backoff_ms: int = Field(50, ge=1)
     redis_retry_max_backoff_ms: int = Field(5_000, ge=10)
+    redis_socket_timeout_ms: int = Field(5_000, ge=10)
+    # How long SIGTERM waits for a last write to Redis before leaving the rest to be replayed.
+    shutdown_flush_timeout_ms: int = Field(10_000, ge=0)
+    # How long a dead-lettered record may take to reach the broker before a commit gives up.
+    dlq_flush_timeout_ms: int = Field(30_000, ge=100)
     metrics_port: int = 9103

@@ -1,26 +1,37 @@
-"""The sink against real Redis and Kafka: versioned upserts never regress, offsets follow writes."""
+"""The sink against real Redis and Kafka: versioned upserts never regress, offsets follow writes.
+
+The oracle for every test is plain Python: per window, the update with the highest version.
+"""
 
 from __future__ import annotations
 
 import random
+import time
+from collections.abc import Callable, Iterable, Iterator
 
 import pytest
 import redis
+from confluent_kafka import Consumer, TopicPartition
 from fastapi.testclient import TestClient
 
+from infra.stack import StackConfig, redis_server
 from services.control.api import create_app
+from services.control.results import read_results
 from services.control.settings import ControlSettings
 from services.sink.app import Sink
 from services.sink.settings import SinkSettings
-from services.sink.store import ResultStore
+from services.sink.store import LIBRARY, ResultStore
 from shared import constants
 from shared.kafka import ensure_topics
 from shared.records import WindowResult
-from tests.kafka_util import produce_all, read_all
+from tests.kafka_util import produce_all, produce_keyed, read_all
 
 pytestmark = pytest.mark.integration
 
+Window = tuple[str, int]  # (key, window_start)
 
+
+# --- test data and the oracle (also used by tests/e2e/test_sink_crash.py) ---------------------------
 def update(job: str, key: str, start: int, version: int, count: int) -> WindowResult:
     return WindowResult(
         job_id=job,
@@ -33,67 +44,184 @@ def update(job: str, key: str, start: int, version: int, count: int) -> WindowRe
     )
 
 
-def stored(client: redis.Redis, job: str, key: str, start: int) -> tuple[int, int]:
-    h = client.hgetall(constants.redis_window_key(job, key, start))
-    return int(h[b"version"]), int(h[b"count"])
+def count_of(key: str, start: int, version: int) -> int:
+    # Depends on the version, so a stale version in Redis shows up as a wrong count.
+    return version * 1_000 + start // 1_000 + len(key)
 
 
-def test_duplicated_replayed_and_reordered_updates_keep_the_highest_version(
+def window_updates(
+    job: str, keys: Iterable[str], starts: Iterable[int], versions: int, seed: int, duplicates: float = 0.3
+) -> list[WindowResult]:
+    """Versions 1..n of every window, shuffled (reordered) and with a share of them sent twice."""
+    rng = random.Random(seed)
+    ups = [
+        update(job, k, s, v, count_of(k, s, v)) for k in keys for s in starts for v in range(1, versions + 1)
+    ]
+    ups += rng.sample(ups, int(len(ups) * duplicates))
+    rng.shuffle(ups)
+    return ups
+
+
+def oracle(updates: Iterable[WindowResult]) -> dict[Window, tuple[int, int]]:
+    """(version, count) of the newest update of every window, in plain Python."""
+    best: dict[Window, tuple[int, int]] = {}
+    for u in updates:
+        w = (u.key, u.window_start)
+        count = u.aggregates["count"]
+        assert isinstance(count, int)
+        if w not in best or u.version > best[w][0]:
+            best[w] = (u.version, count)
+    return best
+
+
+def redis_state(client: redis.Redis, job: str) -> dict[Window, tuple[int, int]]:
+    """What a user reads back through control's reader: (version, count) per window."""
+    return {
+        (w["key"], w["window_start"]): (w["version"], w["aggregates"]["count"])
+        for w in read_results(client, job, limit=1_000_000)
+    }
+
+
+def produce_updates(bootstrap: str, topic: str, updates: Iterable[WindowResult]) -> None:
+    # Keyed like the processor keys them (job|key): all updates of a window in one partition.
+    produce_keyed(bootstrap, topic, ((f"{u.job_id}|{u.key}".encode(), u.to_json()) for u in updates))
+
+
+def committed(bootstrap: str, group: str, topic: str, partitions: int) -> dict[int, int]:
+    """The group's committed offset per partition (0 when nothing was committed)."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    try:
+        tps = c.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=10)
+    finally:
+        c.close()
+    return {tp.partition: max(tp.offset, 0) for tp in tps}
+
+
+class ManualClock:
+    """An injected monotonic clock: commit intervals elapse when the test says so."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def run_until(
+    sinks: Sink | list[Sink],
+    done: Callable[[], bool],
+    timeout_s: float = 60,
+    tick: Callable[[], None] = lambda: None,
+) -> None:
+    group = sinks if isinstance(sinks, list) else [sinks]
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < deadline, "timed out"
+        for s in group:
+            s.run_once()
+        tick()
+
+
+def sink_settings(
+    bootstrap: str, redis_url: str, topic: str, group: str, **overrides: object
+) -> SinkSettings:
+    return SinkSettings(
+        kafka_bootstrap=bootstrap,
+        redis_url=redis_url,
+        topics=[topic],
+        group_id=group,
+        batch_max_wait_ms=100,
+        **overrides,
+    )
+
+
+@pytest.fixture
+def started() -> Iterator[list[Sink]]:
+    """Sinks a test starts; closed (final flush, commit, leave the group) whatever happens."""
+    sinks: list[Sink] = []
+    yield sinks
+    for s in sinks:
+        s.close()
+
+
+def start(sinks: list[Sink], settings: SinkSettings, clock: Callable[[], float] = time.monotonic) -> Sink:
+    sink = Sink(settings, clock=clock)
+    sink.start()
+    sinks.append(sink)
+    return sink
+
+
+# --- the store ---------------------------------------------------------------------------------------
+def test_store_keeps_the_highest_version_through_duplicates_replays_and_reordering(
     redis_client: redis.Redis, unique: str
 ) -> None:
     store = ResultStore(redis_client)
-    # Version v of a window carries count 10*v: whatever order they arrive in, v=5 must win.
-    updates = [update(unique, k, s, v, 10 * v) for k in ("a", "b") for s in (0, 1_000) for v in range(1, 6)]
+    updates = window_updates(unique, "ab", (0, 1_000), versions=5, seed=3)
     rng = random.Random(3)
     for _ in range(5):
-        batch = updates + rng.sample(updates, 10)  # duplicates and replays
+        batch = updates + rng.sample(updates, 10)  # replays
         rng.shuffle(batch)
         store.upsert(batch)
-        for k in ("a", "b"):
-            for s in (0, 1_000):
-                assert stored(redis_client, unique, k, s) == (5, 50)
-    assert store.upsert([update(unique, "a", 0, 5, 999), update(unique, "a", 0, 4, 999)]) == 0
-    assert stored(redis_client, unique, "a", 0) == (5, 50)
+        assert redis_state(redis_client, unique) == oracle(updates)
+    stale = [update(unique, "a", 0, 5, 999), update(unique, "a", 0, 4, 999)]
+    assert store.write(stale).stale == [0, 1]
+    assert redis_state(redis_client, unique) == oracle(updates)
     assert redis_client.smembers(constants.redis_job_keys_key(unique)) == {b"a", b"b"}
     assert redis_client.zrange(constants.redis_window_index_key(unique, "a"), 0, -1) == [b"0", b"1000"]
 
 
-def test_window_ttl_expires_hashes(redis_client: redis.Redis, unique: str) -> None:
-    ResultStore(redis_client, window_ttl_ms=60_000).upsert([update(unique, "a", 0, 1, 1)])
-    ttl = redis_client.pttl(constants.redis_window_key(unique, "a", 0))
-    assert 0 < ttl <= 60_000
+def test_retention_expires_windows_and_trims_the_index(redis_client: redis.Redis, unique: str) -> None:
+    ttl = 60_000
+    store = ResultStore(redis_client, window_ttl_ms=ttl)
+    for start_ms in (0, 30_000, 61_000, 200_000):
+        store.upsert([update(unique, "a", start_ms, 1, 1)])
+    # Writing 200_000 drops the windows that start more than the retention before it.
+    index = constants.redis_window_index_key(unique, "a")
+    assert redis_client.zrange(index, 0, -1) == [b"200000"]
+    for key in (
+        constants.redis_window_key(unique, "a", 200_000),
+        index,
+        constants.redis_job_keys_key(unique),
+    ):
+        assert 0 < redis_client.pttl(key) <= ttl
 
 
-def test_sink_consumes_writes_and_dead_letters(
-    kafka_bootstrap: str, redis_url: str, redis_client: redis.Redis, unique: str
+def test_the_function_is_loaded_again_when_redis_lost_it(redis_client: redis.Redis, unique: str) -> None:
+    store = ResultStore(redis_client)
+    store.upsert([update(unique, "a", 0, 1, 10)])
+    redis_client.function_delete(LIBRARY)
+    assert store.upsert([update(unique, "a", 0, 2, 20)]) == 1
+    assert redis_state(redis_client, unique) == {("a", 0): (2, 20)}
+
+
+# --- the sink ----------------------------------------------------------------------------------------
+def test_sink_writes_dead_letters_and_serves_control(
+    kafka_bootstrap: str, redis_url: str, redis_client: redis.Redis, unique: str, started: list[Sink]
 ) -> None:
     topic = f"{unique}.aggregates"
     ensure_topics(kafka_bootstrap, [topic], partitions=2)
     good = [
         update(unique, k, s, v, 10 * v + s) for v in (1, 2, 3) for k in ("x", "y") for s in (0, 1_000, 2_000)
     ]
-    junk = [b"not json", b'{"job_id": "only"}']
-    # One partition (same key), junk first: once the last good update is in Redis, the junk was handled.
-    produce_all(kafka_bootstrap, topic, [*junk, *(u.to_json() for u in good)], key=unique.encode())
+    clash = update(unique, "x", 9_000, 1, 1).model_copy(update={"aggregates": {"version": 7}})
+    junk = [b"not json", b'{"job_id": "only"}', clash.to_json()]
+    # A key of the wrong type: Redis refuses that one window, the sink must park it and go on.
+    refused = update(unique, "z", 0, 1, 1)
+    redis_client.set(constants.redis_window_key(unique, "z", 0), "not a hash")
+    produce_all(kafka_bootstrap, topic, [*junk, refused.to_json(), *(u.to_json() for u in good)], key=b"k")
 
-    settings = SinkSettings(
-        kafka_bootstrap=kafka_bootstrap, redis_url=redis_url, topics=[topic], group_id=unique
-    )
-    sink = Sink(settings)
-    sink.start()
-    windows = [constants.redis_window_key(unique, k, s) for k in "xy" for s in (0, 1_000, 2_000)]
-    try:
-        for _ in range(50):
-            sink.run_once()
-            if all(redis_client.hget(w, "version") == b"3" for w in windows):
-                break
-    finally:
-        sink.close()
-    for k in ("x", "y"):
-        for s in (0, 1_000, 2_000):
-            assert stored(redis_client, unique, k, s) == (3, 30 + s)
-    dead = read_all(kafka_bootstrap, constants.dlq_topic(topic), min_count=2)
-    assert sorted(m.value() for m in dead) == sorted(junk)
+    sink = start(started, sink_settings(kafka_bootstrap, redis_url, topic, unique, commit_interval_ms=100))
+    expected = {(u.key, u.window_start): (3, 30 + u.window_start) for u in good}
+    run_until(sink, lambda: redis_state(redis_client, unique) == expected)
+
+    dead = read_all(kafka_bootstrap, constants.dlq_topic(topic), min_count=4)
+    assert sorted(m.value() for m in dead if m.value() in junk) == sorted(junk)
+    [parked] = [m for m in dead if m.value() not in junk]
+    headers = dict(parked.headers() or [])
+    assert WindowResult.from_json(parked.value() or b"") == refused
+    assert headers[constants.HDR_ERROR_CLASS] == b"RedisRefused"
+    assert b"WRONGTYPE" in headers[constants.HDR_ERROR_MESSAGE]
+    assert headers[constants.HDR_SOURCE_TOPIC] == topic.encode()
 
     # The control API reads the same windows back, by key and range.
     with TestClient(create_app(ControlSettings(redis_url=redis_url, kafka_bootstrap=kafka_bootstrap))) as api:
@@ -102,6 +230,153 @@ def test_sink_consumes_writes_and_dead_letters(
             (1_000, 1_030, 3),
             (2_000, 2_030, 3),
         ]
-        everything = api.get(f"/jobs/{unique}/results").json()
-        assert everything["count"] == 6
-        assert api.get("/readyz").json()["ready"] is True
+
+
+def test_sink_keeps_the_highest_version_of_duplicated_replayed_reordered_updates(
+    kafka_bootstrap: str, redis_url: str, redis_client: redis.Redis, unique: str, started: list[Sink]
+) -> None:
+    topic = f"{unique}.aggregates"
+    ensure_topics(kafka_bootstrap, [topic], partitions=3)
+    updates = window_updates(unique, "abcdef", range(0, 20_000, 1_000), versions=8, seed=5)
+    produce_updates(kafka_bootstrap, topic, updates)
+    # A small cache: evictions write windows whose newer versions arrive later.
+    sink = start(
+        started,
+        sink_settings(
+            kafka_bootstrap, redis_url, topic, unique, cache_max_bytes_buffering=4_000, commit_interval_ms=50
+        ),
+    )
+    run_until(sink, lambda: sum(sink.received.values()) >= len(updates))
+    expected = oracle(updates)
+    run_until(sink, lambda: redis_state(redis_client, unique) == expected)
+
+    # A replay of everything, older versions first: nothing regresses.
+    replay = sorted(updates, key=lambda u: u.version)
+    produce_updates(kafka_bootstrap, topic, replay)
+    run_until(sink, lambda: sum(sink.received.values()) >= 2 * len(updates))
+    run_until(sink, lambda: not sink.unwritten)
+    assert redis_state(redis_client, unique) == expected
+    assert sum(sink.written.values()) < 2 * len(updates)
+
+
+def test_the_cache_cuts_writes_and_leaves_the_same_final_state(
+    kafka_bootstrap: str, redis_url: str, redis_client: redis.Redis, unique: str, started: list[Sink]
+) -> None:
+    """The same stream through a sink with the cache on and one with it off: same windows, fewer writes."""
+
+    def sink_through(mode: str, budget: int) -> tuple[dict[Window, tuple[int, int]], float]:
+        job, topic = f"{unique}{mode}", f"{unique}{mode}.aggregates"
+        ensure_topics(kafka_bootstrap, [topic], partitions=2)
+        updates = window_updates(job, "abcd", range(0, 10_000, 1_000), versions=20, seed=9)
+        produce_updates(kafka_bootstrap, topic, updates)
+        clock = ManualClock()
+        settings = sink_settings(
+            kafka_bootstrap,
+            redis_url,
+            topic,
+            job,
+            cache_max_bytes_buffering=budget,
+            commit_interval_ms=1_000,
+            batch_max_records=100,
+        )
+        sink = start(started, settings, clock=clock)
+
+        def tick() -> None:
+            clock.now += 0.1  # a commit interval every 10 batches of at most 100 updates
+
+        run_until(sink, lambda: sink.received[job] >= len(updates), tick=tick)
+        run_until(sink, lambda: not sink.unwritten, tick=tick)
+        state = redis_state(redis_client, job)
+        assert state == oracle(updates)
+        return state, sink.received[job] / sink.written[job]
+
+    state_on, ratio_on = sink_through("on", 10 * 1024 * 1024)
+    state_off, ratio_off = sink_through("off", 0)
+    assert state_on == state_off
+    assert ratio_off == 1.0
+    assert ratio_on >= 3.0
+    print(f"write-reduction ratio with the cache on: {ratio_on:.1f} (off: {ratio_off:.1f})")
+
+
+def test_redis_outage_pauses_consumption_commits_nothing_and_loses_nothing(
+    kafka_bootstrap: str,
+    redis_url: str,
+    redis_client: redis.Redis,
+    stack_cfg: StackConfig,
+    unique: str,
+    started: list[Sink],
+) -> None:
+    topic = f"{unique}.aggregates"
+    ensure_topics(kafka_bootstrap, [topic], partitions=2)
+    before = window_updates(unique, "abcd", range(0, 5_000, 1_000), versions=3, seed=1)
+    during = window_updates(unique, "abcd", range(5_000, 10_000, 1_000), versions=3, seed=2)
+    while_paused = window_updates(unique, "abcd", range(10_000, 15_000, 1_000), versions=3, seed=3)
+    produce_updates(kafka_bootstrap, topic, before)
+    sink = start(
+        started,
+        sink_settings(
+            kafka_bootstrap,
+            redis_url,
+            topic,
+            unique,
+            commit_interval_ms=100,
+            redis_retry_initial_backoff_ms=50,
+            redis_retry_max_backoff_ms=200,
+            redis_socket_timeout_ms=1_000,
+        ),
+    )
+    run_until(sink, lambda: redis_state(redis_client, unique) == oracle(before))
+    run_until(sink, lambda: not sink.uncommitted)  # everything read so far is committed
+    committed_before = committed(kafka_bootstrap, unique, topic, 2)
+
+    server = redis_server(stack_cfg)
+    server.stop()
+    try:
+        produce_updates(kafka_bootstrap, topic, during)
+        run_until(sink, lambda: sink.paused, timeout_s=30)
+        produce_updates(kafka_bootstrap, topic, while_paused)
+        read_while_paused = 0
+        for _ in range(20):
+            read_while_paused += sink.run_once()
+        # Paused: nothing more is read, the group membership is kept, and no offset moved.
+        assert read_while_paused == 0
+        assert sink.assignment()
+        assert committed(kafka_bootstrap, unique, topic, 2) == committed_before
+    finally:
+        server.start()
+        server.wait_ready()
+    run_until(sink, lambda: not sink.paused, timeout_s=30)
+    everything = before + during + while_paused
+    run_until(sink, lambda: redis_state(redis_client, unique) == oracle(everything))
+    run_until(sink, lambda: not sink.uncommitted)
+    assert sum(committed(kafka_bootstrap, unique, topic, 2).values()) == len(everything)
+
+
+def test_replicas_share_partitions_and_write_before_giving_them_up(
+    kafka_bootstrap: str, redis_url: str, redis_client: redis.Redis, unique: str, started: list[Sink]
+) -> None:
+    topic = f"{unique}.aggregates"
+    ensure_topics(kafka_bootstrap, [topic], partitions=4)
+    first = window_updates(unique, [f"k{i}" for i in range(12)], range(0, 3_000, 1_000), versions=3, seed=4)
+    produce_updates(kafka_bootstrap, topic, first)
+    # Commits far apart: whatever reaches Redis before a minute has passed was written by a revocation.
+    settings = sink_settings(kafka_bootstrap, redis_url, topic, unique, commit_interval_ms=60_000)
+    a = start(started, settings)
+    run_until(a, lambda: sum(a.received.values()) >= len(first))
+    assert redis_state(redis_client, unique) == {}, "the cache should still hold everything"
+
+    b = start(started, settings)
+    run_until([a, b], lambda: bool(a.assignment()) and bool(b.assignment()))
+    assert redis_state(redis_client, unique) == oracle(first)
+    assert sum(committed(kafka_bootstrap, unique, topic, 4).values()) == len(first)
+
+    second = window_updates(
+        unique, [f"k{i}" for i in range(12)], range(3_000, 6_000, 1_000), versions=3, seed=6
+    )
+    produce_updates(kafka_bootstrap, topic, second)
+    run_until([a, b], lambda: sum(a.received.values()) + sum(b.received.values()) >= len(first + second))
+    assert sum(b.received.values()) > 0 and sum(a.received.values()) > len(first)
+    a.close()  # leaves the group: writes and commits; in the rebalance b writes its cache too
+    started.remove(a)
+    run_until(b, lambda: len(b.assignment()) == 4)
+    assert redis_state(redis_client, unique) == oracle(first + second)

@@ -3,7 +3,6 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from services.sink.app import newest_per_window
 from shared.records import WindowResult, window_from_redis
 
 
@@ -17,18 +16,6 @@ def result(key: str, start: int, version: int, count: int) -> WindowResult:
         final=False,
         aggregates={"count": count},
     )
-
-
-def test_newest_update_per_window_wins_whatever_the_arrival_order() -> None:
-    updates = [
-        result("a", 0, 2, 20),
-        result("a", 0, 1, 10),
-        result("b", 0, 1, 5),
-        result("a", 10, 3, 7),
-        result("a", 0, 2, 20),
-    ]
-    got = {r.identity: r for r in newest_per_window(updates)}
-    assert got == {("j", "a", 0): updates[0], ("j", "b", 0): updates[2], ("j", "a", 10): updates[3]}
 
 
 def test_wire_format_round_trip_and_strictness() -> None:
