@@ -485,12 +485,12 @@ def record_batch_span(
 
 
 def redis_write_span(
-    tracer: trace.Tracer, traceparents: Iterable[str], job: str, windows: int
+    tracer: trace.Tracer, traceparents: Iterable[str], job: str, windows: int, operation: str = "FCALL"
 ) -> contextlib.AbstractContextManager[Span]:
     """The sink's write of one batch of windows to Redis, in the trace of every sampled update in it."""
     attributes: dict[str, Any] = {
         "db.system": "redis",
-        "db.operation.name": "EVALSHA",
+        "db.operation.name": operation,
         "sf.job": job,
         "sf.windows": windows,
     }
