@@ -31,3 +31,15 @@ CONTROL_COMMANDS = Counter("control_commands_total", "gRPC commands control sent
 CONTROL_HEARTBEATS = Counter(
     "control_heartbeats_total", "Heartbeats received; unknown ones are told to register", ["result"]
 )
+
+
+# --- processor: checkpoints and state (names from the design documents) ----------------------------
+CHECKPOINT_DURATION = Histogram(
+    "checkpoint_duration_seconds",
+    "Wall time of one checkpoint (a micro-batch's offset and state commit)",
+    ["service", "job"],
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+STATE_SIZE = Gauge(
+    "state_size_bytes", "Bytes of window state a job keeps (state store memory)", ["service", "job"]
+)
