@@ -74,3 +74,13 @@ def redis_control_job_key(job_id: str) -> str:
 
 def redis_control_instance_key(instance_id: str) -> str:
     return f"{REDIS_PREFIX}:control:instance:{instance_id}"
+
+
+# --- Late events (ingest) ---------------------------------------------------------------------------
+# A record on `<topic>.late` keeps its original payload, key and headers, plus why it was late.
+HDR_LATE_WATERMARK_MS = "sf.late.watermark_ms"  # the stream's watermark when the event was judged
+HDR_LATE_EVENT_TIME_MS = "sf.late.event_time_ms"
+HDR_LATE_ALLOWED_LATENESS_MS = "sf.late.allowed_lateness_ms"
+HDR_LATE_TOPIC = "sf.late.topic"
+HDR_LATE_PARTITION = "sf.late.partition"
+HDR_LATE_OFFSET = "sf.late.offset"

@@ -110,3 +110,26 @@ def dead_letter_headers(
         (constants.HDR_SERVICE, service.encode()),
         (constants.HDR_ERROR_TIME_MS, str(int(time.time() * 1000)).encode()),
     ]
+
+
+def dead_letter_headers_at(
+    topic: str,
+    partition: int,
+    offset: int,
+    error_class: str,
+    message: str,
+    service: str,
+    headers: list[tuple[str, str | bytes | None]] | None = None,
+) -> list[tuple[str, str | bytes | None]]:
+    """Like dead_letter_headers, for a record that was never consumed from Kafka (e.g. posted over
+    HTTP: partition and offset are then -1)."""
+    return [
+        *(headers or []),
+        (constants.HDR_ERROR_CLASS, error_class.encode()),
+        (constants.HDR_ERROR_MESSAGE, message[:4000].encode()),
+        (constants.HDR_SOURCE_TOPIC, topic.encode()),
+        (constants.HDR_SOURCE_PARTITION, str(partition).encode()),
+        (constants.HDR_SOURCE_OFFSET, str(offset).encode()),
+        (constants.HDR_SERVICE, service.encode()),
+        (constants.HDR_ERROR_TIME_MS, str(int(time.time() * 1000)).encode()),
+    ]

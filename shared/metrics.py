@@ -33,6 +33,24 @@ CONTROL_HEARTBEATS = Counter(
 )
 
 
+# --- ingest: watermarks, late events, lag -----------------------------------------------------------
+WATERMARK_MS = Gauge("watermark_ms", "A stream's event-time watermark (epoch ms)", ["service", "job"])
+WATERMARK_LAG_MS = Gauge(
+    "watermark_lag_ms", "Processing time minus a stream's watermark, in milliseconds", ["service", "job"]
+)
+LATE_EVENTS = Counter(
+    "late_events_total", "Events older than the watermark minus the allowed lateness", ["service", "job"]
+)
+CONSUMER_LAG = Gauge(
+    "consumer_lag_records",
+    "Records of a topic the service's consumer group has not committed yet",
+    ["service", "job"],
+)
+HTTP_EVENTS = Counter(
+    "http_ingest_events_total", "Events posted to the HTTP ingest endpoint, by outcome", ["job", "outcome"]
+)
+
+
 # --- processor: checkpoints and state (names from the design documents) ----------------------------
 CHECKPOINT_DURATION = Histogram(
     "checkpoint_duration_seconds",

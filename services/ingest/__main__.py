@@ -1,4 +1,8 @@
-"""`python -m services.ingest`: validate and forward raw events until SIGTERM."""
+"""`python -m services.ingest`: validate and forward raw events until SIGTERM.
+
+One process: the Kafka loop (main thread), the HTTP ingest endpoint (uvicorn thread), the gRPC
+StreamConfig + health server and Prometheus /metrics.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +10,12 @@ import signal
 import sys
 
 from services.ingest.app import Ingest
+from services.ingest.errors import FatalKafkaError
+from services.ingest.grpc_server import GrpcServer
+from services.ingest.http import HttpIngest, HttpServer, create_app
 from services.ingest.settings import IngestSettings
+from services.ingest.streams import load_configured_streams
 from shared.errors import StreamForgeError
-from shared.jobspec import load_job_spec
 from shared.logs import configure_logging
 from shared.metrics import serve_metrics
 
@@ -17,21 +24,41 @@ def main() -> int:
     settings = IngestSettings()
     log = configure_logging("ingest", settings.log_level)
     try:
-        streams = [load_job_spec(p).source for p in settings.job_specs]
+        streams = load_configured_streams(settings.job_specs, settings.streams_file)
         ingest = Ingest(settings, streams)
     except StreamForgeError as e:  # a bad spec or setting: say what to fix, do not start
         log.error("%s", e)
         return 2
     signal.signal(signal.SIGTERM, lambda *_: ingest.stop())
     signal.signal(signal.SIGINT, lambda *_: ingest.stop())
+    grpc_server: GrpcServer | None = None
+    http_server: HttpServer | None = None
+    gateway: HttpIngest | None = None
     try:
         ingest.start()
+        if settings.grpc_port:
+            grpc_server = GrpcServer(ingest, settings.grpc_host, settings.grpc_port)
+            grpc_server.start()
+        if settings.http_port:
+            gateway = HttpIngest(ingest)
+            http_server = HttpServer(create_app(gateway), settings.http_host, settings.http_port)
+            http_server.start()
+        # The metrics port opens once the service is really running: stack readiness relies on it.
+        serve_metrics(settings.metrics_port)
+        ingest.run()
+    except FatalKafkaError as e:  # fenced or broken producer: exit, a supervisor restarts us
+        log.error("%s", e)
+        return 3
     except StreamForgeError as e:
         log.error("%s", e)
         return 2
-    # The metrics port opens once the service is really running: stack readiness relies on it.
-    serve_metrics(settings.metrics_port)
-    ingest.run()
+    finally:
+        if http_server is not None:
+            http_server.stop()
+        if gateway is not None:
+            gateway.close()
+        if grpc_server is not None:
+            grpc_server.stop()
     log.info("stopped")
     return 0
 

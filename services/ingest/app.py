@@ -1,8 +1,17 @@
 """The ingest loop: batched consume-validate-produce, one Kafka transaction per batch.
 
-Consumed offsets are sent to the same transaction as the produced records, so a batch is either
-forwarded and consumed together or not at all: a crash anywhere replays the batch, and read_committed
-consumers downstream never see a record twice.
+Each batch is one transaction holding the forwarded records (``<topic>.valid``), the dead letters
+(``<topic>.dlq``), the late events (``<topic>.late``) and the consumed offsets; each partition's
+offset carries that partition's watermark progress in its commit metadata. So records, offsets and
+watermark state are committed together or not at all: a crash anywhere replays the batch from the
+last committed offsets with the watermark state that belongs to them, and read_committed consumers
+downstream never see a record twice.
+
+Rebalances: consume() is the only call that runs the rebalance callbacks and it is only called
+between transactions, so no transaction ever spans a rebalance. A batch fetched by a consume() call
+during which the assignment changed is dropped: the new assignment restarts fetching at the
+committed offsets. Zombies are fenced twice: by the transactional id (one per replica, derived from
+``instance_id``) and by the consumer group generation sent with the offsets (KIP-447).
 """
 
 from __future__ import annotations
@@ -10,60 +19,126 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import defaultdict
+from collections import Counter as Tally
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import cast
 
-from confluent_kafka import Consumer, KafkaException, Message, Producer
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
 
+from services.ingest.errors import FatalKafkaError, IngestError, StreamConfigError
+from services.ingest.progress import GroupProgress
 from services.ingest.settings import IngestSettings
-from services.ingest.validate import Rejection, validate
-from shared.errors import StreamForgeError
-from shared.jobspec import Source
+from services.ingest.streams import StreamDefinition, merge_streams
+from services.ingest.validate import RecordPolicy, Rejection, validate
+from services.ingest.watermark import (
+    NowGetter,
+    PartitionProgress,
+    StreamWatermark,
+    WatermarkSnapshot,
+    wall_clock_ms,
+)
+from shared import constants
 from shared.kafka import (
     consumer_config,
     coordinates,
     dead_letter_headers,
     ensure_topics,
     first_offsets,
-    is_record,
     next_offsets,
 )
-from shared.metrics import DLQ_EVENTS, PROCESSING_LATENCY, RECORDS_PROCESSED
+from shared.metrics import (
+    DLQ_EVENTS,
+    LATE_EVENTS,
+    PROCESSING_LATENCY,
+    RECORDS_PROCESSED,
+    WATERMARK_LAG_MS,
+    WATERMARK_MS,
+)
 
 log = logging.getLogger(__name__)
 SERVICE = "ingest"
+KAFKA_TIMEOUT_S = 30.0
+POLL_EVERY = 1_000  # serve delivery reports every this many produced records, not after each one
 
-
-class IngestError(StreamForgeError):
-    """Root of ingest's own errors."""
+Headers = list[tuple[str, str | bytes | None]]
 
 
 @dataclass(frozen=True, slots=True)
 class BatchStats:
-    forwarded: int
-    rejected: int
+    forwarded: int = 0
+    rejected: int = 0
+    late: int = 0
+
+    @property
+    def consumed(self) -> int:
+        return self.forwarded + self.rejected + self.late
+
+
+@dataclass
+class _StreamsUpdate:
+    """A new set of stream definitions, handed from a gRPC thread to the loop that owns the consumer."""
+
+    streams: dict[str, StreamDefinition]
+    done: threading.Event
+    error: Exception | None = None
+
+
+def family_topics(streams: Iterable[StreamDefinition]) -> list[str]:
+    return [
+        t for d in streams for t in (d.topic, d.source.valid_topic, d.source.dlq_topic, d.source.late_topic)
+    ]
 
 
 class Ingest:
-    def __init__(self, settings: IngestSettings, streams: list[Source]) -> None:
-        if not streams:
-            raise IngestError("no stream to ingest: give at least one job spec (SF_INGEST_JOB_SPECS)")
-        by_topic: dict[str, Source] = {}
-        for s in streams:
-            if s.topic in by_topic and by_topic[s.topic] != s:
-                raise IngestError(f"two job specs define raw topic {s.topic!r} differently")
-            by_topic[s.topic] = s
+    def __init__(
+        self,
+        settings: IngestSettings,
+        streams: Iterable[StreamDefinition],
+        now_ms: NowGetter = wall_clock_ms,
+    ) -> None:
         self.settings = settings
-        self.streams = by_topic
+        # The streams of the local configuration stay; the control plane adds its own to them.
+        self._configured = merge_streams(streams)
+        if not self._configured and not settings.grpc_port:
+            raise StreamConfigError(
+                "no stream to ingest: give a job spec (SF_INGEST_JOB_SPECS), a streams file "
+                "(SF_INGEST_STREAMS_FILE) or a gRPC port for the control plane to send them to"
+            )
+        self.streams: dict[str, StreamDefinition] = dict(self._configured)
+        self.policy = RecordPolicy(
+            max_record_bytes=settings.max_record_bytes,
+            max_future_ms=settings.max_future_ms,
+            max_past_ms=settings.max_past_ms,
+            min_event_time_ms=settings.min_event_time_ms,
+        )
+        self.now_ms = now_ms
+        self.watermarks: dict[str, StreamWatermark] = {}
+        self.progress: GroupProgress | None = None
         self._stop = threading.Event()
         self._consumer: Consumer | None = None
         self._producer: Producer | None = None
+        self._rebalances = 0
+        self._assigned: set[tuple[str, int]] = set()
+        self._to_restore: set[tuple[str, int]] = set()
+        self._progress_version = -1
+        self._updates_lock = threading.Lock()
+        self._update: _StreamsUpdate | None = None
+        self.running = threading.Event()
 
     # --- lifecycle ------------------------------------------------------------------------------
-    def start(self) -> None:
+    def start(self, *, track_progress: bool = True) -> None:
         s = self.settings
-        topics = [t for src in self.streams.values() for t in (src.topic, src.valid_topic, src.dlq_topic)]
-        ensure_topics(s.kafka_bootstrap, topics, s.topic_partitions)
+        if self.streams:
+            ensure_topics(s.kafka_bootstrap, family_topics(self.streams.values()), s.topic_partitions)
         self._producer = Producer(
             {
                 "bootstrap.servers": s.kafka_bootstrap,
@@ -72,15 +147,43 @@ class Ingest:
                 "enable.idempotence": True,
                 "linger.ms": 5,
                 "compression.type": "lz4",
-            }
+            },
+            logger=logging.getLogger("librdkafka.producer"),
         )
-        self._producer.init_transactions(30)
-        self._consumer = Consumer(consumer_config(s.kafka_bootstrap, s.group_id))
-        self._consumer.subscribe(list(self.streams))
-        log.info("ingesting %s", ", ".join(sorted(self.streams)))
+        try:
+            # Fences any earlier incarnation of this replica and aborts its open transaction.
+            self._producer.init_transactions(KAFKA_TIMEOUT_S)
+        except KafkaException as e:
+            raise IngestError(f"cannot initialise transactions: {e.args[0]}") from e
+        extra: dict[str, object] = {
+            # Eager rebalancing: every rebalance revokes everything, so fetching always restarts at
+            # the committed offsets and a dropped batch is simply read again.
+            "partition.assignment.strategy": "roundrobin",
+            "session.timeout.ms": s.session_timeout_ms,
+        }
+        if s.static_membership:
+            extra["group.instance.id"] = f"sf-ingest-{s.instance_id}"
+        self._consumer = Consumer(
+            consumer_config(s.kafka_bootstrap, s.group_id, **extra),
+            logger=logging.getLogger("librdkafka.consumer"),
+        )
+        self._subscribe()
+        for topic in self.streams:
+            self._watermark(topic)
+        if track_progress:
+            self.progress = GroupProgress(
+                s.kafka_bootstrap, s.group_id, lambda: sorted(self.streams), s.progress_interval_ms
+            )
+            self.progress.start()
+        self.running.set()
+        log.info("ingesting %s", ", ".join(sorted(self.streams)) or "nothing yet (waiting for control)")
 
     def stop(self) -> None:
         self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
 
     def run(self) -> None:
         """Serve until stop(); start() first."""
@@ -91,6 +194,10 @@ class Ingest:
             self.close()
 
     def close(self) -> None:
+        self.running.clear()
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None
@@ -98,71 +205,360 @@ class Ingest:
             self._producer.flush(10)
             self._producer = None
 
+    # --- stream definitions at run time (gRPC) --------------------------------------------------------
+    def apply_streams(self, definitions: Iterable[StreamDefinition], timeout_s: float = 30.0) -> list[str]:
+        """Replace the control plane's streams; returns the raw topics ingested from now on.
+
+        Called from another thread; the loop applies the change between two batches.
+        """
+        merged = merge_streams([*self._configured.values(), *definitions])
+        update = _StreamsUpdate(merged, threading.Event())
+        with self._updates_lock:
+            self._update = update
+        if not update.done.wait(timeout_s):
+            raise IngestError(f"the ingest loop did not apply the streams within {timeout_s:g} s")
+        if update.error is not None:
+            raise update.error
+        return sorted(merged)
+
+    def _apply_update(self) -> None:
+        with self._updates_lock:
+            update, self._update = self._update, None
+        if update is None:
+            return
+        try:
+            new = {t: d for t, d in update.streams.items() if self.streams.get(t) != d}
+            if new:
+                s = self.settings
+                ensure_topics(s.kafka_bootstrap, family_topics(new.values()), s.topic_partitions)
+            resubscribe = set(update.streams) != set(self.streams)
+            self.streams = update.streams
+            for topic in list(self.watermarks):
+                if topic not in self.streams:
+                    del self.watermarks[topic]
+            for topic, d in self.streams.items():
+                w = self._watermark(topic)
+                w.max_out_of_orderness_ms = d.watermark.max_out_of_orderness
+                w.allowed_lateness_ms = d.watermark.allowed_lateness
+            if resubscribe:
+                self._subscribe()
+                log.info("now ingesting %s", ", ".join(sorted(self.streams)) or "nothing")
+        except Exception as e:  # handed back to the caller of apply_streams
+            update.error = e
+        finally:
+            update.done.set()
+
+    def _subscribe(self) -> None:
+        assert self._consumer is not None
+        if self.streams:
+            self._consumer.subscribe(
+                sorted(self.streams),
+                on_assign=self._on_assign,
+                on_revoke=self._on_revoke,
+                on_lost=self._on_revoke,
+            )
+        else:
+            self._consumer.unsubscribe()
+            self._assigned.clear()
+            self._to_restore.clear()
+
+    # --- rebalances -----------------------------------------------------------------------------
+    def _on_assign(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._rebalances += 1
+        for tp in partitions:
+            self._assigned.add((tp.topic, tp.partition))
+            self._to_restore.add((tp.topic, tp.partition))
+        log.info("assigned %s", _names(partitions))
+
+    def _on_revoke(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # Runs inside consume(), which is only called between transactions: nothing is in flight.
+        self._rebalances += 1
+        for tp in partitions:
+            self._assigned.discard((tp.topic, tp.partition))
+            self._to_restore.discard((tp.topic, tp.partition))
+            w = self.watermarks.get(tp.topic)
+            if w is not None:
+                w.revoke(tp.partition)
+        log.info("revoked %s", _names(partitions))
+
+    def _restore_assigned(self) -> bool:
+        """Read the offset and watermark progress committed for each newly assigned partition, and
+        rewind the partition to that offset: what a batch fetched during the rebalance read past
+        is read again, with the watermark state that belongs to it."""
+        assert self._consumer is not None
+        wanted = [TopicPartition(t, p) for t, p in sorted(self._to_restore)]
+        try:
+            # read_committed: waits for the offsets a dead owner's open transaction may still change.
+            committed = self._consumer.committed(wanted, timeout=KAFKA_TIMEOUT_S)
+        except KafkaException as e:
+            log.warning("cannot read the committed state of %s yet: %s", _names(wanted), e.args[0])
+            return False
+        now = self.now_ms()
+        for tp in committed:
+            if tp.error is not None:
+                log.warning("cannot read the committed state of %s[%d]: %s", tp.topic, tp.partition, tp.error)
+                continue
+            restored = PartitionProgress.from_metadata(tp.metadata)
+            offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING  # never committed: from the start
+            try:
+                self._consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
+            except KafkaException as e:
+                log.warning("cannot rewind %s[%d] yet: %s", tp.topic, tp.partition, e.args[0])
+                continue
+            self._watermark(tp.topic).assign(tp.partition, restored, now)
+            self._to_restore.discard((tp.topic, tp.partition))
+        return not self._to_restore
+
+    def _watermark(self, topic: str) -> StreamWatermark:
+        w = self.watermarks.get(topic)
+        if w is None:
+            d = self.streams[topic]
+            w = StreamWatermark(
+                d.watermark.max_out_of_orderness, d.watermark.allowed_lateness, self.settings.idle_timeout_ms
+            )
+            self.watermarks[topic] = w
+        return w
+
+    def _sync_remote_progress(self) -> None:
+        if self.progress is None:
+            return
+        version, by_topic = self.progress.latest()
+        if version == self._progress_version:
+            return
+        self._progress_version = version
+        for topic, progress in by_topic.items():
+            w = self.watermarks.get(topic)
+            if w is None:
+                continue
+            for partition, state in progress.partitions.items():
+                if (topic, partition) not in self._assigned:
+                    w.set_remote(partition, state)
+
     # --- one batch --------------------------------------------------------------------------------
     def run_once(self) -> BatchStats:
         assert self._consumer is not None and self._producer is not None, "start() first"
         s = self.settings
+        self._apply_update()
+        if self._to_restore and not self._restore_assigned():
+            return BatchStats()
+        self._sync_remote_progress()
+        rebalances = self._rebalances
         msgs = self._consumer.consume(num_messages=s.batch_max_records, timeout=s.batch_max_wait_ms / 1000)
-        records = [m for m in msgs if is_record(m)]
+        if self._rebalances != rebalances:
+            # The assignment changed during this call. Its records are dropped: the new assignment is
+            # restored and rewound to its committed offsets first (see _restore_assigned), so they
+            # are read again, by whoever owns them now.
+            return BatchStats()
+        records = self._records(msgs)
         if not records:
-            return BatchStats(0, 0)
+            self._publish_watermarks()
+            return BatchStats()
         started = time.perf_counter()
+        snapshot = {t: w.snapshot() for t, w in self.watermarks.items()}
         try:
-            stats = self._transact(records)
+            stats, topics = self._transact(records)
         except KafkaException as e:
-            self._recover(e, records)
-            return BatchStats(0, 0)
+            self._abort(e, records, snapshot, rebalances)
+            return BatchStats()
         elapsed = time.perf_counter() - started
-        for topic in {coordinates(m)[0] for m in records}:
+        for topic in topics:
             PROCESSING_LATENCY.labels(SERVICE, topic).observe(elapsed)
+        self._publish_watermarks()
         return stats
 
-    def _transact(self, records: list[Message]) -> BatchStats:
+    def _records(self, msgs: list[Message]) -> list[Message]:
+        records = []
+        for m in msgs:
+            err = m.error()
+            if err is not None:
+                if err.fatal():
+                    raise FatalKafkaError(f"consumer: {err}")
+                if err.code() != KafkaError._PARTITION_EOF:
+                    log.warning("consume error: %s", err)
+                continue
+            # A topic dropped from the streams since the fetch: leave it uncommitted, unread.
+            if m.topic() in self.streams and (m.topic(), m.partition()) in self._assigned:
+                records.append(m)
+        return records
+
+    def _transact(self, records: list[Message]) -> tuple[BatchStats, set[str]]:
         assert self._consumer is not None and self._producer is not None
-        producer = self._producer
+        producer, consumer = self._producer, self._consumer
+        now = self.now_ms()
+        for w in self.watermarks.values():
+            w.advance(now)  # partitions may have gone idle since the last batch
         producer.begin_transaction()
-        forwarded = rejected = 0
-        per_topic: dict[str, int] = defaultdict(int)
-        for m in records:
-            topic, _, _ = coordinates(m)
-            source = self.streams[topic]
-            result = validate(source, m.value(), self.settings.max_record_bytes)
+        forwarded: Tally[str] = Tally()
+        late: Tally[str] = Tally()
+        rejected: Tally[tuple[str, str]] = Tally()
+        for i, m in enumerate(records):
+            topic, partition, offset = coordinates(m)
+            stream = self.streams[topic]
+            result = validate(stream.source, m.value(), self.policy, now)
             if isinstance(result, Rejection):
-                self._dead_letter(source, m, result)
-                rejected += 1
+                headers = dead_letter_headers(m, result.error_class, result.message, SERVICE)
+                self._produce(stream.source.dlq_topic, m.key(), m.value(), headers)
+                rejected[(topic, result.error_class)] += 1
             else:
-                producer.produce(
-                    source.valid_topic,
-                    key=result.key.encode(),
-                    value=result.value,
-                    timestamp=result.event_time_ms,
-                    headers=m.headers(),
-                )
-                forwarded += 1
-                per_topic[topic] += 1
-            producer.poll(0)
-        producer.send_offsets_to_transaction(
-            next_offsets(records), self._consumer.consumer_group_metadata(), 30
+                verdict = self.watermarks[topic].observe(partition, result.event_time_ms, now)
+                if verdict.late:
+                    assert verdict.watermark_ms is not None
+                    headers = [
+                        *_headers_of(m),
+                        (constants.HDR_LATE_WATERMARK_MS, str(verdict.watermark_ms).encode()),
+                        (constants.HDR_LATE_EVENT_TIME_MS, str(result.event_time_ms).encode()),
+                        (
+                            constants.HDR_LATE_ALLOWED_LATENESS_MS,
+                            str(stream.watermark.allowed_lateness).encode(),
+                        ),
+                        (constants.HDR_LATE_TOPIC, topic.encode()),
+                        (constants.HDR_LATE_PARTITION, str(partition).encode()),
+                        (constants.HDR_LATE_OFFSET, str(offset).encode()),
+                    ]
+                    self._produce(stream.source.late_topic, m.key(), m.value(), headers, result.event_time_ms)
+                    late[topic] += 1
+                else:
+                    self._produce(
+                        stream.source.valid_topic,
+                        result.key.encode(),
+                        result.value,
+                        _headers_of(m) or None,
+                        result.event_time_ms,
+                    )
+                    forwarded[topic] += 1
+            if i % POLL_EVERY == POLL_EVERY - 1:
+                producer.poll(0)
+        offsets = [
+            TopicPartition(
+                tp.topic, tp.partition, tp.offset, self._committed_metadata(tp.topic, tp.partition)
+            )
+            for tp in next_offsets(records)
+        ]
+        _retrying(
+            lambda: producer.send_offsets_to_transaction(
+                offsets, consumer.consumer_group_metadata(), KAFKA_TIMEOUT_S
+            )
         )
-        producer.commit_transaction(30)
-        for topic, n in per_topic.items():
+        _retrying(lambda: producer.commit_transaction(KAFKA_TIMEOUT_S))
+        # Counted once committed: an aborted batch is read again and would count twice.
+        for topic, n in forwarded.items():
             RECORDS_PROCESSED.labels(SERVICE, topic).inc(n)
-        return BatchStats(forwarded, rejected)
+        for topic, n in late.items():
+            LATE_EVENTS.labels(SERVICE, topic).inc(n)
+        for (topic, reason), n in rejected.items():
+            DLQ_EVENTS.labels(SERVICE, topic, reason).inc(n)
+        stats = BatchStats(sum(forwarded.values()), sum(rejected.values()), sum(late.values()))
+        return stats, {tp.topic for tp in offsets}
 
-    def _dead_letter(self, source: Source, m: Message, why: Rejection) -> None:
+    def _committed_metadata(self, topic: str, partition: int) -> str:
+        return self.watermarks[topic].committed_progress(partition).to_metadata()
+
+    def _produce(
+        self, topic: str, key: bytes | None, value: bytes | None, headers: Headers | None, timestamp: int = 0
+    ) -> None:
         assert self._producer is not None
-        headers = dead_letter_headers(m, why.error_class, why.message, SERVICE)
-        self._producer.produce(source.dlq_topic, key=m.key(), value=m.value(), headers=headers)
-        DLQ_EVENTS.labels(SERVICE, source.topic, why.error_class).inc()
+        deadline = time.monotonic() + self.settings.transaction_timeout_ms / 1000
+        while True:
+            try:
+                self._producer.produce(topic, key=key, value=value, headers=headers, timestamp=timestamp)
+                return
+            except BufferError:
+                # The local queue is full: let deliveries drain it. Still full after the
+                # transaction's own timeout means the broker does not keep up: abort and retry.
+                if time.monotonic() > deadline:
+                    raise KafkaException(
+                        KafkaError(
+                            KafkaError._QUEUE_FULL, "producer queue stayed full", txn_requires_abort=True
+                        )
+                    ) from None
+                self._producer.poll(0.05)
 
-    def _recover(self, error: KafkaException, records: list[Message]) -> None:
-        """Abort the batch and rewind to its first offsets, so it is read and forwarded again."""
+    def _abort(
+        self,
+        error: KafkaException,
+        records: list[Message],
+        snapshot: dict[str, WatermarkSnapshot],
+        rebalances: int,
+    ) -> None:
+        """Abort the batch, forget its watermark progress and read it again."""
         assert self._consumer is not None and self._producer is not None
         kerr = error.args[0]
-        if not kerr.txn_requires_abort():
-            # Fenced or fatal: another replica owns our transactional id; only a restart is safe.
-            raise IngestError(f"unrecoverable transaction error: {kerr}") from error
-        log.warning("aborting batch of %d records: %s", len(records), kerr)
-        self._producer.abort_transaction(30)
+        if isinstance(kerr, KafkaError) and kerr.fatal():
+            # Fenced (a newer incarnation of this replica took over) or broken: only a restart is safe.
+            raise FatalKafkaError(f"unrecoverable transaction error: {kerr}") from error
+        log.warning("aborting a batch of %d records: %s", len(records), kerr)
+        try:
+            self._producer.abort_transaction(KAFKA_TIMEOUT_S)
+        except KafkaException as e:
+            abort_error = e.args[0]
+            if isinstance(abort_error, KafkaError) and abort_error.fatal():
+                raise FatalKafkaError(f"cannot abort the transaction: {abort_error}") from e
+            log.warning("abort_transaction: %s", abort_error)
+        for topic, snap in snapshot.items():
+            if topic in self.watermarks:
+                self.watermarks[topic].rollback(snap)
+        if self._rebalances != rebalances:
+            return  # a new assignment restarts at the committed offsets anyway
         for tp in first_offsets(records):
-            self._consumer.seek(tp)
+            if (tp.topic, tp.partition) in self._assigned:
+                try:
+                    self._consumer.seek(tp)
+                except KafkaException as e:
+                    log.warning("cannot rewind %s[%d]: %s", tp.topic, tp.partition, e.args[0])
+
+    def _publish_watermarks(self) -> None:
+        now = self.now_ms()
+        for topic, w in self.watermarks.items():
+            w.advance(now)
+            if w.watermark_ms is not None:
+                WATERMARK_MS.labels(SERVICE, topic).set(w.watermark_ms)
+                WATERMARK_LAG_MS.labels(SERVICE, topic).set(now - w.watermark_ms)
+
+    def watermark_info(self, topic: str) -> dict[str, object]:
+        """The stream's watermark as this replica sees it (for the HTTP endpoint)."""
+        w = self.watermarks.get(topic)
+        now = self.now_ms()
+        if w is None:
+            return {"topic": topic, "watermark_ms": None, "watermark_lag_ms": None, "partitions": {}}
+        partitions = {
+            **{p: ("remote", s) for p, s in w.remote.items()},
+            **{p: ("owned", s) for p, s in w.owned.items()},
+        }
+        return {
+            "topic": topic,
+            "watermark_ms": w.watermark_ms,
+            "watermark_lag_ms": w.lag_ms(now),
+            "max_out_of_orderness_ms": w.max_out_of_orderness_ms,
+            "allowed_lateness_ms": w.allowed_lateness_ms,
+            "partitions": {
+                str(p): {
+                    "owner": owner,
+                    "max_event_time_ms": s.max_event_time_ms,
+                    "watermark_ms": w.partition_watermark(s),
+                    "idle": w.is_idle(s, now),
+                }
+                for p, (owner, s) in sorted(partitions.items())
+            },
+        }
+
+
+def _retrying(call: Callable[[], object], attempts: int = 5) -> None:
+    """Repeat a transactional call on a retriable error (e.g. a timeout), as the client asks for."""
+    for attempt in range(attempts):
+        try:
+            call()
+            return
+        except KafkaException as e:
+            kerr = e.args[0]
+            if not (isinstance(kerr, KafkaError) and kerr.retriable()) or attempt == attempts - 1:
+                raise
+            log.warning("retrying after a retriable error: %s", kerr)
+
+
+def _headers_of(m: Message) -> Headers:
+    # confluent-kafka returns a record's headers as a list of (name, value) pairs, or None.
+    return cast(Headers, m.headers() or [])
+
+
+def _names(partitions: Iterable[TopicPartition]) -> str:
+    return ", ".join(f"{tp.topic}[{tp.partition}]" for tp in partitions) or "nothing"

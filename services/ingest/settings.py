@@ -5,18 +5,61 @@ from pydantic_settings import SettingsConfigDict
 
 from shared.settings import BaseServiceSettings
 
+# 2001-09-09T01:46:40Z. Anything earlier is almost always epoch *seconds* sent as milliseconds (a
+# 2024 date in seconds reads as January 1970 in milliseconds) or a zero/default value.
+DEFAULT_MIN_EVENT_TIME_MS = 1_000_000_000_000
+
 
 class IngestSettings(BaseServiceSettings):
     model_config = SettingsConfigDict(env_prefix="SF_INGEST_", extra="ignore", populate_by_name=True)
 
-    # Job spec files whose `source` sections are the streams this ingest validates.
+    # --- where the stream definitions come from ---------------------------------------------------
+    # Job spec files whose `source` and `watermark` sections are the streams this ingest validates.
     job_specs: list[str] = Field(default_factory=list)
+    # A YAML/JSON file `streams: [{source: ..., watermark: ...}]`, for streams without a job spec.
+    streams_file: str = ""
+
+    # --- Kafka: consumer group, transactions, batching ---------------------------------------------
     group_id: str = "sf-ingest"
     # Stable per replica: a restarted replica with the same id fences its dead predecessor's open
     # transaction at once instead of leaving read_committed consumers waiting for it to time out.
     instance_id: str = "0"
+    # Static group membership (group.instance.id = instance_id): a replica restarted within
+    # session_timeout_ms gets its partitions back without a rebalance of the whole group. The price:
+    # a replica stopped for good holds its partitions until the session times out.
+    static_membership: bool = True
+    session_timeout_ms: int = Field(10_000, ge=1_000)
     batch_max_records: int = Field(5_000, ge=1)
     batch_max_wait_ms: int = Field(200, ge=1)
-    max_record_bytes: int = Field(1_048_576, ge=1)
     transaction_timeout_ms: int = Field(10_000, ge=1_000)
+
+    # --- validation policies (each rejection goes to <topic>.dlq with its reason) -------------------
+    max_record_bytes: int = Field(1_048_576, ge=1)
+    # An event time later than now + max_future_ms is rejected (clock skew, unit mix-ups); 0 = no limit.
+    max_future_ms: int = Field(86_400_000, ge=0)
+    # An event time earlier than now - max_past_ms is rejected; 0 = no limit (replays of old data pass).
+    max_past_ms: int = Field(0, ge=0)
+    # An event time before this instant (epoch ms) is rejected; 0 = no floor.
+    min_event_time_ms: int = Field(DEFAULT_MIN_EVENT_TIME_MS, ge=0)
+
+    # --- watermarks -------------------------------------------------------------------------------
+    # A partition without a record for this long stops holding its stream's watermark back.
+    idle_timeout_ms: int = Field(30_000, ge=1)
+    # How often the partitions owned by the other replicas are read (their committed watermark state)
+    # and the consumer lag is measured.
+    progress_interval_ms: int = Field(1_000, ge=50)
+
+    # --- HTTP ingest endpoint ---------------------------------------------------------------------
+    http_port: int = Field(8082, ge=0)  # 0: no HTTP endpoint
+    http_host: str = "127.0.0.1"
+    http_max_body_bytes: int = Field(8_388_608, ge=1)
+    # Answer 429 when the ingest group lags this many records behind on a stream's raw topic.
+    http_max_lag_records: int = Field(1_000_000, ge=0)
+    http_retry_after_s: int = Field(1, ge=1)
+    # How long a request waits for the broker to acknowledge its records before answering 503.
+    http_ack_timeout_ms: int = Field(10_000, ge=100)
+
+    # --- control plane ----------------------------------------------------------------------------
+    grpc_port: int = Field(6125, ge=0)  # StreamConfig + grpc.health.v1; 0: no gRPC server
+    grpc_host: str = "127.0.0.1"
     metrics_port: int = 9101

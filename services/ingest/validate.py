@@ -1,7 +1,12 @@
-"""Validation and normalisation of one raw record against its stream definition (pure, no I/O)."""
+"""Validation and normalisation of one raw record against its stream definition (pure, no I/O).
+
+``validate`` never raises for bad input: every way a record can be wrong is a ``Rejection`` with a
+stable ``error_class`` (the DLQ's ``sf.errors.class`` header) and a message a person can act on.
+"""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -10,7 +15,34 @@ import orjson
 
 from shared.jobspec import FieldType, Source, TimeFormat
 
+log = logging.getLogger(__name__)
+
 KEY_SEPARATOR = "|"
+# Event times outside [year 1, year 9999] cannot be a real instant (nor fit the normalised record).
+MIN_EPOCH_MS = -62_135_596_800_000
+MAX_EPOCH_MS = 253_402_300_799_999
+
+# The rejection reasons, as they appear in the dead-letter header sf.errors.class.
+EMPTY_RECORD = "empty_record"
+OVERSIZED_RECORD = "oversized_record"
+INVALID_JSON = "invalid_json"
+NOT_AN_OBJECT = "not_an_object"
+MISSING_FIELD = "missing_field"
+INVALID_FIELD = "invalid_field"
+EVENT_TIME_IN_FUTURE = "event_time_in_future"
+EVENT_TIME_TOO_OLD = "event_time_too_old"
+EVENT_TIME_BEFORE_FLOOR = "event_time_before_floor"
+INTERNAL_ERROR = "internal_error"
+
+
+@dataclass(frozen=True, slots=True)
+class RecordPolicy:
+    """The explicit limits a record must respect (see IngestSettings for the meaning of each)."""
+
+    max_record_bytes: int = 1_048_576
+    max_future_ms: int = 0  # 0: no limit
+    max_past_ms: int = 0  # 0: no limit
+    min_event_time_ms: int = 0  # 0: no floor
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,13 +62,23 @@ def _parse_time(value: Any, fmt: TimeFormat) -> int:
     if fmt is TimeFormat.EPOCH_MS:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ValueError(f"expected epoch milliseconds (a number), got {type(value).__name__}")
-        return int(value)
-    if not isinstance(value, str):
-        raise ValueError(f"expected an ISO-8601 string, got {type(value).__name__}")
-    parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    if parsed.tzinfo is None:
-        raise ValueError(f"ISO-8601 time {value!r} has no time zone offset")
-    return int(parsed.timestamp() * 1000)
+        ms = int(value)
+    else:
+        if not isinstance(value, str):
+            raise ValueError(f"expected an ISO-8601 string, got {type(value).__name__}")
+        try:
+            parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            raise ValueError(f"{value[:64]!r} is not an ISO-8601 date-time") from None
+        if parsed.tzinfo is None:
+            raise ValueError(f"ISO-8601 time {value[:64]!r} has no time zone offset")
+        try:
+            ms = int(parsed.timestamp() * 1000)
+        except (OverflowError, ValueError):
+            raise ValueError(f"ISO-8601 time {value[:64]!r} is out of range") from None
+    if not MIN_EPOCH_MS <= ms <= MAX_EPOCH_MS:
+        raise ValueError(f"{ms} ms is outside the years 1 to 9999")
+    return ms
 
 
 def _coerce(value: Any, ftype: FieldType) -> Any:
@@ -55,26 +97,39 @@ def _coerce(value: Any, ftype: FieldType) -> Any:
     return value
 
 
-def validate(source: Source, raw: bytes | None, max_bytes: int) -> ValidEvent | Rejection:
-    """Check one raw record; never raises for bad input, it returns a Rejection instead."""
-    if raw is None:
-        return Rejection("empty_record", "record has no value")
-    if len(raw) > max_bytes:
-        return Rejection("oversized_record", f"record is {len(raw)} bytes, the limit is {max_bytes}")
-    try:
-        doc = orjson.loads(raw)
-    except orjson.JSONDecodeError as e:
-        return Rejection("invalid_json", f"not valid JSON: {e}")
-    if not isinstance(doc, dict):
-        return Rejection("not_an_object", f"expected a JSON object, got {type(doc).__name__}")
+def _check_time(event_time_ms: int, policy: RecordPolicy, now_ms: int) -> Rejection | None:
+    if policy.min_event_time_ms and event_time_ms < policy.min_event_time_ms:
+        return Rejection(
+            EVENT_TIME_BEFORE_FLOOR,
+            f"event time {event_time_ms} is before the floor {policy.min_event_time_ms} "
+            "(epoch seconds sent as milliseconds?)",
+        )
+    if policy.max_future_ms and event_time_ms > now_ms + policy.max_future_ms:
+        return Rejection(
+            EVENT_TIME_IN_FUTURE,
+            f"event time {event_time_ms} is {event_time_ms - now_ms} ms in the future; "
+            f"the limit is {policy.max_future_ms} ms",
+        )
+    if policy.max_past_ms and event_time_ms < now_ms - policy.max_past_ms:
+        return Rejection(
+            EVENT_TIME_TOO_OLD,
+            f"event time {event_time_ms} is {now_ms - event_time_ms} ms in the past; "
+            f"the limit is {policy.max_past_ms} ms",
+        )
+    return None
 
+
+def validate_document(source: Source, doc: Any, policy: RecordPolicy, now_ms: int) -> ValidEvent | Rejection:
+    """Check one parsed JSON value against the stream's fields, key, event time and time policies."""
+    if not isinstance(doc, dict):
+        return Rejection(NOT_AN_OBJECT, f"expected a JSON object, got {type(doc).__name__}")
     out: dict[str, Any] = {}
     time_field = source.event_time.field
     for name, ftype in source.fields.items():
         value = doc.get(name)
         if value is None:
             if name in source.key or name == time_field:
-                return Rejection("missing_field", f"required field {name!r} is missing or null")
+                return Rejection(MISSING_FIELD, f"required field {name!r} is missing or null")
             out[name] = None
             continue
         try:
@@ -85,7 +140,29 @@ def validate(source: Source, raw: bytes | None, max_bytes: int) -> ValidEvent | 
                 else _coerce(value, ftype)
             )
         except ValueError as e:
-            return Rejection("invalid_field", f"field {name!r}: {e}")
-
+            return Rejection(INVALID_FIELD, f"field {name!r}: {e}")
+    event_time_ms: int = out[time_field]
+    late_or_early = _check_time(event_time_ms, policy, now_ms)
+    if late_or_early is not None:
+        return late_or_early
     key = KEY_SEPARATOR.join(str(out[k]) for k in source.key)
-    return ValidEvent(key=key, value=orjson.dumps(out), event_time_ms=out[time_field])
+    return ValidEvent(key=key, value=orjson.dumps(out), event_time_ms=event_time_ms)
+
+
+def validate(source: Source, raw: bytes | None, policy: RecordPolicy, now_ms: int) -> ValidEvent | Rejection:
+    """Check one raw record; never raises for bad input, it returns a Rejection instead."""
+    if raw is None:
+        return Rejection(EMPTY_RECORD, "record has no value")
+    if len(raw) > policy.max_record_bytes:
+        return Rejection(
+            OVERSIZED_RECORD, f"record is {len(raw)} bytes, the limit is {policy.max_record_bytes}"
+        )
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        return Rejection(INVALID_JSON, f"not valid JSON: {e}")
+    try:
+        return validate_document(source, doc, policy, now_ms)
+    except Exception as e:  # a bug here must not stop the stream: the record is kept, with the reason
+        log.exception("validation failed unexpectedly")
+        return Rejection(INTERNAL_ERROR, f"{type(e).__name__}: {e}")

@@ -1,80 +1,103 @@
-"""Ingest against the real broker: good records forwarded once and keyed, bad ones dead-lettered."""
+"""Ingest against the real broker: good records forwarded once and keyed, bad ones dead-lettered,
+late ones on the late topic and counted.
+
+The helpers here (``stream_definition``, ``ingest_settings``, ``drain``) are shared by the other
+test_ingest_* modules.
+"""
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import orjson
 import pytest
+from prometheus_client import REGISTRY
 
 from services.ingest.app import Ingest
 from services.ingest.settings import IngestSettings
+from services.ingest.streams import StreamDefinition
 from shared import constants
-from shared.jobspec import Source
 from shared.kafka import ensure_topics
 from tests.kafka_util import produce_all, read_all
 
 pytestmark = pytest.mark.integration
 
+BASE_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 
-def make_source(topic: str) -> Source:
-    return Source.model_validate(
+
+def stream_definition(topic: str, out_of_orderness: str = "5s", lateness: str = "0s") -> StreamDefinition:
+    return StreamDefinition.model_validate(
         {
-            "topic": topic,
-            "fields": {"page": "string", "ts": "timestamp", "v": "double"},
-            "key": ["page"],
-            "event_time": {"field": "ts"},
+            "source": {
+                "topic": topic,
+                "fields": {"page": "string", "ts": "timestamp", "v": "double"},
+                "key": ["page"],
+                "event_time": {"field": "ts"},
+            },
+            "watermark": {"max_out_of_orderness": out_of_orderness, "allowed_lateness": lateness},
         }
     )
 
 
+def ingest_settings(bootstrap: str, name: str, **overrides: Any) -> IngestSettings:
+    values: dict[str, Any] = {
+        "kafka_bootstrap": bootstrap,
+        "group_id": f"g-{name}",
+        "instance_id": name,
+        "batch_max_wait_ms": 200,
+        "idle_timeout_ms": 60_000,
+        "max_future_ms": 0,  # the test data is from 2026-01-01, whatever today is
+        "max_past_ms": 0,
+        **overrides,
+    }
+    return IngestSettings(**values)
+
+
 def drain(ingest: Ingest, expected: int, timeout_s: float = 60) -> int:
-    """Run batches until ``expected`` records were forwarded, then a few more to catch any extra."""
-    forwarded = 0
+    """Run batches until ``expected`` records were consumed, then a few more to catch any extra."""
+    consumed = 0
     deadline = time.monotonic() + timeout_s
-    while forwarded < expected and time.monotonic() < deadline:
-        forwarded += ingest.run_once().forwarded
+    while consumed < expected and time.monotonic() < deadline:
+        consumed += ingest.run_once().consumed
     for _ in range(3):
-        forwarded += ingest.run_once().forwarded
-    return forwarded
+        consumed += ingest.run_once().consumed
+    return consumed
+
+
+def metric(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
 def test_forwards_good_records_and_dead_letters_bad_ones(kafka_bootstrap: str, unique: str) -> None:
-    source = make_source(unique)
-    ensure_topics(kafka_bootstrap, [source.topic], partitions=2)
-    good = [{"page": f"/p{i % 3}", "ts": 1_000 + i, "v": i} for i in range(500)]
+    stream = stream_definition(unique)
+    ensure_topics(kafka_bootstrap, [stream.topic], partitions=2)
+    good = [{"page": f"/p{i % 3}", "ts": BASE_MS + i, "v": i} for i in range(500)]
     bad = [b"{oops", b'{"ts": 5}', b'{"page": "/x", "ts": "late"}', b"x" * 3_000]
     records = [orjson.dumps(e) for e in good]
     for i, b in enumerate(bad):
         records.insert(i * 100 + 7, b)
-    produce_all(kafka_bootstrap, source.topic, records)
+    produce_all(kafka_bootstrap, stream.topic, records)
 
-    settings = IngestSettings(
-        kafka_bootstrap=kafka_bootstrap,
-        group_id=f"g-{unique}",
-        instance_id=unique,
-        max_record_bytes=2_048,
-        batch_max_wait_ms=300,
-    )
-    ingest = Ingest(settings, [source])
+    ingest = Ingest(ingest_settings(kafka_bootstrap, unique, max_record_bytes=2_048), [stream])
     ingest.start()
     try:
-        assert drain(ingest, len(good)) == len(good)
+        assert drain(ingest, len(records)) == len(records)
     finally:
         ingest.close()
 
-    forwarded = read_all(kafka_bootstrap, source.valid_topic, min_count=len(good))
+    forwarded = read_all(kafka_bootstrap, stream.source.valid_topic, min_count=len(good))
     by_ts = sorted((orjson.loads(m.value()) for m in forwarded), key=lambda d: d["ts"])
     assert by_ts == [{**e, "v": float(e["v"])} for e in good]  # normalised: v declared double
     got = sorted((m.key().decode(), orjson.loads(m.value())["ts"]) for m in forwarded)
     assert got == sorted((e["page"], e["ts"]) for e in good)
     assert all(m.timestamp()[1] == orjson.loads(m.value())["ts"] for m in forwarded)
 
-    dead = read_all(kafka_bootstrap, source.dlq_topic, min_count=len(bad))
+    dead = read_all(kafka_bootstrap, stream.source.dlq_topic, min_count=len(bad))
     assert sorted(m.value() for m in dead) == sorted(bad)
     for m in dead:
         headers = dict(m.headers())
-        assert headers[constants.HDR_SOURCE_TOPIC] == source.topic.encode()
+        assert headers[constants.HDR_SOURCE_TOPIC] == stream.topic.encode()
         assert headers[constants.HDR_ERROR_CLASS] in {
             b"invalid_json",
             b"missing_field",
@@ -83,32 +106,80 @@ def test_forwards_good_records_and_dead_letters_bad_ones(kafka_bootstrap: str, u
         }
         assert headers[constants.HDR_ERROR_MESSAGE]
         assert int(headers[constants.HDR_SOURCE_OFFSET]) >= 0
+        assert headers[constants.HDR_SERVICE] == b"ingest"
+    assert read_all(kafka_bootstrap, stream.source.late_topic, timeout_s=5) == []
 
 
 def test_restart_resumes_after_committed_offsets(kafka_bootstrap: str, unique: str) -> None:
     """A second ingest in the same group forwards only what the first had not: nothing twice."""
-    source = make_source(unique)
-    ensure_topics(kafka_bootstrap, [source.topic], partitions=1)
-    settings = IngestSettings(kafka_bootstrap=kafka_bootstrap, group_id=f"g-{unique}", instance_id=unique)
-    first = [orjson.dumps({"page": "/a", "ts": i}) for i in range(100)]
-    second = [orjson.dumps({"page": "/a", "ts": 1_000 + i}) for i in range(50)]
+    stream = stream_definition(unique)
+    ensure_topics(kafka_bootstrap, [stream.topic], partitions=1)
+    settings = ingest_settings(kafka_bootstrap, unique)
+    first = [orjson.dumps({"page": "/a", "ts": BASE_MS + i}) for i in range(100)]
+    second = [orjson.dumps({"page": "/a", "ts": BASE_MS + 1_000 + i}) for i in range(50)]
 
-    produce_all(kafka_bootstrap, source.topic, first)
-    ingest = Ingest(settings, [source])
+    produce_all(kafka_bootstrap, stream.topic, first)
+    ingest = Ingest(settings, [stream])
     ingest.start()
     try:
         assert drain(ingest, 100) == 100
     finally:
         ingest.close()
 
-    produce_all(kafka_bootstrap, source.topic, second)
-    again = Ingest(settings, [source])
+    produce_all(kafka_bootstrap, stream.topic, second)
+    again = Ingest(settings, [stream])
     again.start()
     try:
         assert drain(again, 50) == 50
     finally:
         again.close()
     ts = sorted(
-        orjson.loads(m.value())["ts"] for m in read_all(kafka_bootstrap, source.valid_topic, min_count=150)
+        orjson.loads(m.value())["ts"] for m in read_all(kafka_bootstrap, stream.source.valid_topic, min_count=150)
     )
-    assert ts == list(range(100)) + [1_000 + i for i in range(50)]
+    assert ts == [BASE_MS + i for i in range(100)] + [BASE_MS + 1_000 + i for i in range(50)]
+
+
+def test_late_events_go_to_the_late_topic_and_are_counted(kafka_bootstrap: str, unique: str) -> None:
+    """One partition, so the watermark is exactly max(event time) - 5 s at every record: a plain
+    oracle below says which events are late and against which watermark."""
+    stream = stream_definition(unique, out_of_orderness="5s", lateness="1s")
+    ensure_topics(kafka_bootstrap, [stream.topic], partitions=1)
+    offsets_ms = [0, 4_000, 10_000, 3_000, 4_000, 20_000, 13_999, 14_000, 14_001, 30_000, 1, 25_000]
+    events = [{"page": f"/p{i % 2}", "ts": BASE_MS + off, "v": i} for i, off in enumerate(offsets_ms)]
+    produce_all(kafka_bootstrap, stream.topic, [orjson.dumps(e) for e in events], key=b"k")
+
+    expected_late, expected_on_time, high = [], [], None
+    for e in events:  # the oracle: watermark = max event time so far - 5 s; late below it - 1 s
+        mark = None if high is None else high - 5_000
+        if mark is not None and e["ts"] < mark - 1_000:
+            expected_late.append((e, mark))
+        else:
+            expected_on_time.append(e)
+        high = e["ts"] if high is None else max(high, e["ts"])
+    assert len(expected_late) >= 3 and len(expected_on_time) >= 3  # the data exercises both sides
+
+    before = metric("late_events_total", service="ingest", job=stream.topic)
+    ingest = Ingest(ingest_settings(kafka_bootstrap, unique), [stream])
+    ingest.start()
+    try:
+        assert drain(ingest, len(events)) == len(events)
+        info = ingest.watermark_info(stream.topic)
+    finally:
+        ingest.close()
+
+    late = read_all(kafka_bootstrap, stream.source.late_topic, min_count=len(expected_late))
+    got = []
+    for m in late:
+        h = dict(m.headers())
+        got.append((orjson.loads(m.value()), int(h[constants.HDR_LATE_WATERMARK_MS])))
+        assert m.value() == orjson.dumps(orjson.loads(m.value()))  # the original payload, as sent
+        assert int(h[constants.HDR_LATE_EVENT_TIME_MS]) == orjson.loads(m.value())["ts"]
+        assert h[constants.HDR_LATE_ALLOWED_LATENESS_MS] == b"1000"
+        assert h[constants.HDR_LATE_TOPIC] == stream.topic.encode()
+        assert m.key() == b"k"
+    assert sorted(got, key=lambda x: x[0]["v"]) == expected_late
+    on_time = read_all(kafka_bootstrap, stream.source.valid_topic, min_count=len(expected_on_time))
+    assert sorted(orjson.loads(m.value())["v"] for m in on_time) == [e["v"] for e in expected_on_time]
+    assert metric("late_events_total", service="ingest", job=stream.topic) - before == len(expected_late)
+    assert info["watermark_ms"] == BASE_MS + 30_000 - 5_000
+    assert metric("watermark_ms", service="ingest", job=stream.topic) == BASE_MS + 25_000

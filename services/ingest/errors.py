@@ -1,0 +1,17 @@
+"""Ingest's exceptions, under one root."""
+
+from __future__ import annotations
+
+from shared.errors import StreamForgeError
+
+
+class IngestError(StreamForgeError):
+    """Root of ingest's own errors."""
+
+
+class StreamConfigError(IngestError):
+    """Stream definitions that cannot be applied (conflicting, unreadable); the message says why."""
+
+
+class FatalKafkaError(IngestError):
+    """The producer was fenced or hit a fatal error: only a restart of this replica is safe."""

@@ -1,0 +1,312 @@
+"""HTTP ingest for producers that cannot speak Kafka: POST a JSON array of events, get 202.
+
+It runs in the ingest process (uvicorn in a thread) so it shares the stream definitions, including
+the ones the control plane pushes at run time, and the group's lag the backpressure reads.
+
+Every posted event is validated on the spot, so the response says which ones were refused and why.
+Good events are written to the stream's raw topic (keyed by the stream's key fields) and go through
+the Kafka loop like any other: one path for watermarks, late events and exactly-once forwarding.
+Refused events go straight to the dead-letter topic (partition/offset headers -1: they never had
+one). The 202 is sent once the broker acknowledged every record of the request (acks=all).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+import orjson
+import uvicorn
+from confluent_kafka import KafkaError, Message, Producer
+from fastapi import Depends, FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse, ORJSONResponse
+
+from services.ingest.app import Ingest
+from services.ingest.errors import IngestError
+from services.ingest.streams import StreamDefinition
+from services.ingest.validate import OVERSIZED_RECORD, Rejection, ValidEvent, validate_document
+from shared.kafka import check_metadata, dead_letter_headers_at
+from shared.metrics import DLQ_EVENTS, HTTP_EVENTS
+
+log = logging.getLogger(__name__)
+SERVICE = "ingest-http"
+HDR_HTTP_INDEX = "sf.http.index"  # position of a dead letter in the request that posted it
+
+
+@dataclass
+class _Delivery:
+    """Delivery reports of one request's records; filled by whichever thread serves the producer."""
+
+    expected: int = 0  # records queued for this request
+    errors: dict[int, str] = field(default_factory=dict)
+    reported: set[int] = field(default_factory=set)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def done(self) -> int:
+        return len(self.reported)
+
+    def report(self, index: int, err: KafkaError | None, _msg: Message) -> None:
+        with self.lock:
+            self.reported.add(index)
+            if err is not None:
+                self.errors[index] = str(err)
+
+
+@dataclass(frozen=True)
+class PostOutcome:
+    status_code: int
+    body: dict[str, Any]
+
+
+class HttpIngest:
+    """Validates posted events and publishes them; the FastAPI app is a thin layer over this."""
+
+    def __init__(self, ingest: Ingest) -> None:
+        self.ingest = ingest
+        s = ingest.settings
+        self.settings = s
+        self.queue_limit = 100_000
+        self.producer = Producer(
+            {
+                "bootstrap.servers": s.kafka_bootstrap,
+                "enable.idempotence": True,  # broker retries never duplicate a posted event
+                "acks": "all",
+                "linger.ms": 5,
+                "compression.type": "lz4",
+                "queue.buffering.max.messages": self.queue_limit,
+            },
+            logger=logging.getLogger("librdkafka.http"),
+        )
+
+    def stream(self, topic: str) -> StreamDefinition | None:
+        return self.ingest.streams.get(topic)
+
+    def overloaded(self, topic: str, count: int) -> str | None:
+        """Why the pipeline cannot take ``count`` more events of ``topic`` now (None: it can)."""
+        lag = self.ingest.progress.lag(topic) if self.ingest.progress is not None else None
+        if lag is not None and lag > self.settings.http_max_lag_records:
+            return f"ingest lags {lag} records behind on {topic} (limit {self.settings.http_max_lag_records})"
+        if len(self.producer) + count > self.queue_limit:
+            return f"the producer queue holds {len(self.producer)} records not yet acknowledged"
+        return None
+
+    def publish(self, stream: StreamDefinition, docs: list[Any]) -> PostOutcome:
+        source = self.ingest.streams.get(stream.topic, stream).source
+        policy, now = self.ingest.policy, self.ingest.now_ms()
+        delivery = _Delivery()
+        results: list[dict[str, Any]] = []
+        queue_full = False
+        for i, doc in enumerate(docs):
+            raw = orjson.dumps(doc)
+            verdict: ValidEvent | Rejection
+            if len(raw) > policy.max_record_bytes:
+                verdict = Rejection(
+                    OVERSIZED_RECORD, f"record is {len(raw)} bytes, the limit is {policy.max_record_bytes}"
+                )
+            else:
+                verdict = validate_document(source, doc, policy, now)
+            report = functools.partial(delivery.report, i)
+            if queue_full:
+                results.append(
+                    {"index": i, "status": "failed", "message": "not sent: the producer queue is full"}
+                )
+            elif isinstance(verdict, Rejection):
+                headers = dead_letter_headers_at(
+                    source.topic,
+                    -1,
+                    -1,
+                    verdict.error_class,
+                    verdict.message,
+                    SERVICE,
+                    [(HDR_HTTP_INDEX, str(i).encode())],
+                )
+                queue_full = not self._produce(source.dlq_topic, None, raw, headers, delivery, report)
+                DLQ_EVENTS.labels(SERVICE, source.topic, verdict.error_class).inc()
+                results.append(
+                    {
+                        "index": i,
+                        "status": "rejected",
+                        "error_class": verdict.error_class,
+                        "message": verdict.message,
+                    }
+                )
+            else:
+                queue_full = not self._produce(
+                    source.topic, verdict.key.encode(), raw, None, delivery, report
+                )
+                results.append({"index": i, "status": "accepted"})
+        self._await(delivery)
+        failed = 0
+        with delivery.lock:
+            reported, errors = set(delivery.reported), dict(delivery.errors)
+        for i, r in enumerate(results):
+            if i in errors or i not in reported:
+                # Not acknowledged: the client must send it again (a timeout may still have written it).
+                why = errors.get(i, f"not acknowledged within {self.settings.http_ack_timeout_ms} ms")
+                results[i] = {**r, "status": "failed", "message": why}
+                failed += 1
+        accepted = sum(1 for r in results if r["status"] == "accepted")
+        rejected = sum(1 for r in results if r["status"] == "rejected")
+        HTTP_EVENTS.labels(source.topic, "accepted").inc(accepted)
+        HTTP_EVENTS.labels(source.topic, "rejected").inc(rejected)
+        HTTP_EVENTS.labels(source.topic, "failed").inc(failed)
+        body = {
+            "topic": source.topic,
+            "accepted": accepted,
+            "rejected": rejected,
+            "failed": failed,
+            "results": results,
+        }
+        # A full queue is backpressure (429); a record the broker did not acknowledge is an outage (503).
+        return PostOutcome(429 if queue_full else 503 if failed else 202, body)
+
+    def _produce(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes,
+        headers: list[tuple[str, str | bytes | None]] | None,
+        delivery: _Delivery,
+        on_delivery: Any,
+    ) -> bool:
+        """Queue one record; False when the queue stayed full for the acknowledgement timeout."""
+        deadline = time.monotonic() + self.settings.http_ack_timeout_ms / 1000
+        while True:
+            try:
+                self.producer.produce(topic, key=key, value=value, headers=headers, on_delivery=on_delivery)
+                delivery.expected += 1
+                return True
+            except BufferError:
+                if time.monotonic() > deadline:
+                    return False
+                self.producer.poll(0.05)
+
+    def _await(self, delivery: _Delivery) -> None:
+        deadline = time.monotonic() + self.settings.http_ack_timeout_ms / 1000
+        while delivery.done < delivery.expected and time.monotonic() < deadline:
+            self.producer.poll(0.02)
+
+    def close(self) -> None:
+        self.producer.flush(10)
+
+
+def get_gateway(request: Request) -> HttpIngest:
+    gateway: HttpIngest = request.app.state.gateway
+    return gateway
+
+
+GatewayDep = Annotated[HttpIngest, Depends(get_gateway)]
+
+
+def _error(status: int, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return ORJSONResponse(status_code=status, content={"detail": detail}, headers=headers)
+
+
+def create_app(gateway: HttpIngest) -> FastAPI:
+    app = FastAPI(title="StreamForge ingest", version="0.1.0", default_response_class=ORJSONResponse)
+    app.state.gateway = gateway
+    settings = gateway.settings
+
+    @app.get("/healthz", tags=["health"])
+    def healthz() -> dict[str, str]:
+        """Alive: the process answers."""
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["health"])
+    def readyz(gw: GatewayDep) -> JSONResponse:
+        """Ready: the Kafka loop runs and the broker answers a metadata request."""
+        checks = {"loop": gw.ingest.running.is_set(), "kafka": check_metadata(settings.kafka_bootstrap)}
+        ready = all(checks.values())
+        return ORJSONResponse(status_code=200 if ready else 503, content={"ready": ready, "checks": checks})
+
+    @app.get("/v1/streams", tags=["streams"])
+    def list_streams(gw: GatewayDep) -> list[dict[str, Any]]:
+        """The streams this ingest accepts events for."""
+        return [d.model_dump(mode="json", by_alias=True) for d in gw.ingest.streams.values()]
+
+    @app.get("/v1/streams/{topic}/watermark", tags=["streams"])
+    def watermark(topic: str, gw: GatewayDep) -> JSONResponse:
+        """The stream's current watermark and its lag behind processing time, per partition too."""
+        if gw.stream(topic) is None:
+            return _error(404, f"no stream is defined for topic {topic!r}")
+        return ORJSONResponse(gw.ingest.watermark_info(topic))
+
+    @app.post(
+        "/v1/streams/{topic}/events",
+        tags=["streams"],
+        status_code=202,
+        responses={
+            400: {"description": "The body is not a JSON array"},
+            404: {"description": "No stream is defined for this topic"},
+            413: {"description": "The body exceeds the size limit"},
+            429: {"description": "The pipeline lags: retry after Retry-After seconds"},
+            503: {"description": "Some records were not acknowledged by Kafka: send those again"},
+        },
+    )
+    async def post_events(topic: str, request: Request, gw: GatewayDep) -> JSONResponse:
+        """Send a JSON array of events; 202 lists, per event, whether it was accepted or why not.
+
+        Accepted events are in the stream's raw topic when the response is sent; refused ones are in
+        its dead-letter topic with the reason in their headers.
+        """
+        stream = gw.stream(topic)
+        if stream is None:
+            return _error(404, f"no stream is defined for topic {topic!r}")
+        limit = settings.http_max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None:
+            if not declared.isdigit():
+                return _error(400, "Content-Length is not a number")
+            if int(declared) > limit:
+                return _error(413, f"the body is {declared} bytes; the limit is {limit}")
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                return _error(413, f"the body exceeds the limit of {limit} bytes")
+        try:
+            docs = orjson.loads(body)
+        except orjson.JSONDecodeError as e:
+            return _error(400, f"the body is not valid JSON: {e}")
+        if not isinstance(docs, list):
+            return _error(400, f"the body must be a JSON array of events, got {type(docs).__name__}")
+        retry_after = {"Retry-After": str(settings.http_retry_after_s)}
+        why = gw.overloaded(topic, len(docs))
+        if why is not None:
+            return _error(429, f"{why}; retry later", retry_after)
+        outcome = await run_in_threadpool(gw.publish, stream, docs)
+        headers = retry_after if outcome.status_code in (429, 503) else None
+        return ORJSONResponse(status_code=outcome.status_code, content=outcome.body, headers=headers)
+
+    return app
+
+
+class HttpServer:
+    """uvicorn in a daemon thread of the ingest process."""
+
+    def __init__(self, app: FastAPI, host: str, port: int) -> None:
+        config = uvicorn.Config(
+            app, host=host, port=port, log_level="warning", access_log=False, lifespan="off"
+        )
+        self.server = uvicorn.Server(config)
+        self.address = f"http://{host}:{port}"
+        self._thread = threading.Thread(target=self.server.run, name="ingest-http", daemon=True)
+
+    def start(self, timeout_s: float = 15.0) -> None:
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise IngestError(f"the HTTP endpoint did not start on {self.address} (port in use?)")
+            time.sleep(0.05)
+        log.info("HTTP ingest on %s", self.address)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self._thread.join(timeout=10)

@@ -1,0 +1,103 @@
+"""Stream definitions: what ingest applies per raw topic (schema, key, event time, watermark).
+
+They come from job specs (their `source` and `watermark` sections), from a streams file, and at run
+time from the control plane (gRPC StreamConfig.ApplyStreams, which sends job specs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+import orjson
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from services.ingest.errors import StreamConfigError
+from shared.errors import SpecError
+from shared.jobspec import JobSpec, Source, Watermark, load_job_spec
+
+
+class StreamDefinition(BaseModel):
+    """One stream: its raw topic's events (``source``) and how late they may be (``watermark``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    source: Source
+    watermark: Watermark = Watermark()
+
+    @property
+    def topic(self) -> str:
+        return self.source.topic
+
+    @classmethod
+    def of_job(cls, spec: JobSpec) -> StreamDefinition:
+        return cls(source=spec.source, watermark=spec.watermark)
+
+
+class StreamsFile(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    streams: list[StreamDefinition]
+
+
+def load_streams_file(path: str | Path) -> list[StreamDefinition]:
+    """Read ``streams: [{source: ..., watermark: ...}]`` from a .yaml/.yml/.json file."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise StreamConfigError(f"cannot read streams file {p}: {e.strerror}") from e
+    try:
+        raw = yaml.safe_load(text) if p.suffix in (".yaml", ".yml") else orjson.loads(text)
+    except (yaml.YAMLError, orjson.JSONDecodeError) as e:
+        raise StreamConfigError(f"streams file {p} is not valid YAML/JSON: {e}") from e
+    try:
+        return list(StreamsFile.model_validate(raw).streams)
+    except ValidationError as e:
+        problems = "; ".join(
+            f"{'.'.join(str(x) for x in err['loc']) or '<file>'}: {err['msg']}" for err in e.errors()
+        )
+        raise StreamConfigError(f"invalid streams file {p}: {problems}") from e
+
+
+def load_configured_streams(job_specs: Iterable[str], streams_file: str) -> list[StreamDefinition]:
+    """The streams of the settings: every job spec's stream, then the streams file's."""
+    try:
+        found = [StreamDefinition.of_job(load_job_spec(p)) for p in job_specs]
+    except SpecError as e:
+        raise StreamConfigError(str(e)) from e
+    if streams_file:
+        found += load_streams_file(streams_file)
+    return found
+
+
+def merge_streams(definitions: Iterable[StreamDefinition]) -> dict[str, StreamDefinition]:
+    """One definition per raw topic.
+
+    Several jobs may read one raw topic: their sources must agree (ingest normalises each record
+    once), while their watermarks may differ. Ingest then applies the most lenient bounds, so it
+    never sends to the late topic an event that one of the jobs would still accept; each job's
+    query applies its own watermark downstream.
+    """
+    merged: dict[str, StreamDefinition] = {}
+    for d in definitions:
+        seen = merged.get(d.topic)
+        if seen is None:
+            merged[d.topic] = d
+            continue
+        if seen.source != d.source:
+            raise StreamConfigError(
+                f"raw topic {d.topic!r} is defined twice with different sources (fields, key or "
+                "event time): one topic has one schema"
+            )
+        merged[d.topic] = StreamDefinition(
+            source=seen.source,
+            watermark=Watermark(
+                max_out_of_orderness=max(
+                    seen.watermark.max_out_of_orderness, d.watermark.max_out_of_orderness
+                ),
+                allowed_lateness=max(seen.watermark.allowed_lateness, d.watermark.allowed_lateness),
+            ),
+        )
+    return merged

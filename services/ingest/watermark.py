@@ -1,0 +1,179 @@
+"""Event-time watermarks per stream, tracked per partition of its raw topic (pure, no I/O).
+
+A partition's watermark is the largest event time seen on it minus the stream's bounded
+out-of-orderness. The stream's watermark is the smallest watermark of its *active* partitions: a
+partition without a record for ``idle_timeout_ms`` (processing time) stops holding it back. The
+stream's watermark never goes backwards, not even when an idle partition wakes up behind it or the
+service restarts (the last value is part of the committed state, see ``PartitionProgress``).
+
+An event is late when its event time is before the stream's watermark minus the allowed lateness.
+Time is read from an injected ``now_ms`` argument, so tests decide what "now" is.
+
+Partitions owned by this replica are updated record by record; partitions owned by other replicas
+are known from what those replicas last committed (``set_remote``) and count the same way.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+NowGetter = Callable[[], int]  # processing time, epoch milliseconds
+METADATA_VERSION = 1
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(slots=True)
+class PartitionProgress:
+    """What a partition contributes to its stream's watermark; committed with the partition's offset."""
+
+    max_event_time_ms: int | None = None  # None: no event seen yet
+    last_record_ms: int = 0  # processing time of the partition's last record (idleness)
+    stream_watermark_ms: int | None = None  # the stream's watermark when this was committed
+
+    def to_metadata(self) -> str:
+        """Compact JSON for the offset commit's metadata field (Kafka keeps up to 4 KiB there)."""
+        return orjson.dumps(
+            {
+                "v": METADATA_VERSION,
+                "max": self.max_event_time_ms,
+                "seen": self.last_record_ms,
+                "swm": self.stream_watermark_ms,
+            }
+        ).decode()
+
+    @classmethod
+    def from_metadata(cls, text: str | None) -> PartitionProgress | None:
+        """The progress committed with an offset; None when there is none or it is not ours."""
+        if not text:
+            return None
+        try:
+            doc: Any = orjson.loads(text)
+        except orjson.JSONDecodeError:
+            return None
+        if not isinstance(doc, dict) or doc.get("v") != METADATA_VERSION:
+            return None
+        max_ts, seen, swm = doc.get("max"), doc.get("seen"), doc.get("swm")
+        if not all(
+            x is None or (isinstance(x, int) and not isinstance(x, bool)) for x in (max_ts, seen, swm)
+        ):
+            return None
+        return cls(max_event_time_ms=max_ts, last_record_ms=seen or 0, stream_watermark_ms=swm)
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    late: bool
+    watermark_ms: int | None  # the stream's watermark the event was judged against
+
+
+@dataclass(frozen=True, slots=True)
+class WatermarkSnapshot:
+    owned: dict[int, PartitionProgress]
+    watermark_ms: int | None
+
+
+class StreamWatermark:
+    def __init__(self, max_out_of_orderness_ms: int, allowed_lateness_ms: int, idle_timeout_ms: int) -> None:
+        self.max_out_of_orderness_ms = max_out_of_orderness_ms
+        self.allowed_lateness_ms = allowed_lateness_ms
+        self.idle_timeout_ms = idle_timeout_ms
+        self.owned: dict[int, PartitionProgress] = {}
+        self.remote: dict[int, PartitionProgress] = {}
+        self.watermark_ms: int | None = None
+        self._advanced_at: int | None = None  # the processing time advance() last looked at
+
+    # --- which partitions count -----------------------------------------------------------------
+    def assign(self, partition: int, restored: PartitionProgress | None, now_ms: int) -> None:
+        """Take a partition over, with the progress committed with its offset (None: fresh)."""
+        progress = copy.copy(restored) if restored is not None else PartitionProgress()
+        # Newly assigned counts as active: it may hold data we have not fetched yet.
+        progress.last_record_ms = max(progress.last_record_ms, now_ms)
+        self.owned[partition] = progress
+        self.remote.pop(partition, None)
+        if restored is not None and restored.stream_watermark_ms is not None:
+            self._raise_to(restored.stream_watermark_ms)
+
+    def revoke(self, partition: int) -> None:
+        self.owned.pop(partition, None)
+
+    def set_remote(self, partition: int, progress: PartitionProgress) -> None:
+        """What another replica last committed for a partition it owns."""
+        if partition not in self.owned:
+            self.remote[partition] = progress
+
+    # --- the watermark --------------------------------------------------------------------------
+    def partition_watermark(self, progress: PartitionProgress) -> int | None:
+        if progress.max_event_time_ms is None:
+            return None
+        return progress.max_event_time_ms - self.max_out_of_orderness_ms
+
+    def is_idle(self, progress: PartitionProgress, now_ms: int) -> bool:
+        return now_ms - progress.last_record_ms >= self.idle_timeout_ms
+
+    def advance(self, now_ms: int) -> int | None:
+        """Recompute the stream's watermark from its active partitions; it only ever moves forward."""
+        self._advanced_at = now_ms
+        lowest: int | None = None
+        for progress in (*self.owned.values(), *self.remote.values()):
+            if self.is_idle(progress, now_ms):
+                continue
+            mark = self.partition_watermark(progress)
+            if mark is None:
+                return self.watermark_ms  # an active partition without events yet holds everything
+            lowest = mark if lowest is None else min(lowest, mark)
+        if lowest is not None:
+            self._raise_to(lowest)
+        return self.watermark_ms
+
+    def observe(self, partition: int, event_time_ms: int, now_ms: int) -> Verdict:
+        """Judge one event of an owned partition against the stream's watermark, then account for it."""
+        if now_ms != self._advanced_at:
+            self.advance(now_ms)  # partitions may have gone idle since
+        watermark = self.watermark_ms
+        late = watermark is not None and event_time_ms < watermark - self.allowed_lateness_ms
+        progress = self.owned[partition]
+        woke_up = self.is_idle(progress, now_ms)
+        progress.last_record_ms = now_ms
+        before = progress.max_event_time_ms
+        raised = before is None or event_time_ms > before
+        if raised:
+            progress.max_event_time_ms = event_time_ms
+        # The minimum can only rise when the set of active partitions changed or a partition at or
+        # below the stream's watermark (one that was holding it back) moved forward.
+        if woke_up or (
+            raised
+            and (watermark is None or before is None or before - self.max_out_of_orderness_ms <= watermark)
+        ):
+            self.advance(now_ms)
+        return Verdict(late=late, watermark_ms=watermark)
+
+    def committed_progress(self, partition: int) -> PartitionProgress:
+        """An owned partition's progress as it is committed with the partition's offset."""
+        progress = copy.copy(self.owned[partition])
+        progress.stream_watermark_ms = self.watermark_ms
+        return progress
+
+    def lag_ms(self, now_ms: int) -> int | None:
+        """How far the watermark trails processing time (what `watermark_lag_ms` reports)."""
+        return None if self.watermark_ms is None else now_ms - self.watermark_ms
+
+    # --- transactions: a batch that is aborted leaves no trace ----------------------------------
+    def snapshot(self) -> WatermarkSnapshot:
+        return WatermarkSnapshot({p: copy.copy(s) for p, s in self.owned.items()}, self.watermark_ms)
+
+    def rollback(self, snapshot: WatermarkSnapshot) -> None:
+        self.owned = {p: copy.copy(s) for p, s in snapshot.owned.items()}
+        self.watermark_ms = snapshot.watermark_ms
+
+    def _raise_to(self, candidate: int) -> None:
+        if self.watermark_ms is None or candidate > self.watermark_ms:
+            self.watermark_ms = candidate
