@@ -147,7 +147,9 @@ def test_sampled_traceparents_reach_the_batch_span_and_the_window_headers(
         expected_headers[win] = max(t for t in (old, tp) if t is not None) if (old or tp) else None
 
     exporter = InMemorySpanExporter()
-    settings = type("S", (), {"tracing_exporter": "none", "tracing_endpoint": "", "tracing_sample_ratio": 0.0})
+    settings = type(
+        "S", (), {"tracing_exporter": "none", "tracing_endpoint": "", "tracing_sample_ratio": 0.0}
+    )
     listener = _Observed(setup_tracing("processor", settings(), exporter=exporter))
     spark.streams.addListener(listener)
     raw = (
@@ -162,7 +164,9 @@ def test_sampled_traceparents_reach_the_batch_span_and_the_window_headers(
         F.from_json(F.col("value").cast("string"), "page STRING, ts LONG").alias("e"),
         F.expr(spark_sampled_traceparent_sql()).alias("traceparent"),
     ).select(F.col("e.page").alias("page"), F.timestamp_millis("e.ts").alias("ts"), "traceparent")
-    observed = events.observe(SPARK_OBSERVATION, F.expr(spark_observed_traceparents_sql()).alias("traceparents"))
+    observed = events.observe(
+        SPARK_OBSERVATION, F.expr(spark_observed_traceparents_sql()).alias("traceparents")
+    )
     windows = (
         observed.withWatermark("ts", "5 seconds")
         .groupBy(F.window("ts", "10 seconds"), "page")
@@ -206,6 +210,8 @@ def test_sampled_traceparents_reach_the_batch_span_and_the_window_headers(
     # The batch span recorded from the listener sits in each sampled event's trace.
     assert flush_tracing(5)
     spans = exporter.get_finished_spans()
-    children_traces = {format(s.context.trace_id, "032x") for s in spans if s.parent is not None and s.context}
+    children_traces = {
+        format(s.context.trace_id, "032x") for s in spans if s.parent is not None and s.context
+    }
     assert children_traces == {tp[3:35] for tp in sampled}
     assert all(is_sampled_traceparent(tp) for tp in listener.traceparents)
