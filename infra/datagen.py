@@ -8,8 +8,10 @@ counts in plain Python, independently of the platform's code.
 
 from __future__ import annotations
 
+import math
 import random
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import orjson
@@ -79,3 +81,129 @@ def oracle_window_counts(
         assert isinstance(ts, int)
         counts[(str(e[key_field]), ts - ts % window_ms)] += 1
     return dict(counts)
+
+
+# --- Event-time windows, watermarks and late events: a plain-Python oracle ---------------------------
+# The processor's tests check Spark's results against this. It knows nothing of Spark or the job spec:
+# events arrive in rounds (what one test step produces before the query catches up); the watermark in
+# effect for a round is the largest event time of the rounds before it minus the delay; an event is
+# dropped from a window whose end is at or before that watermark. A window closes (append mode emits
+# it) once the final watermark reaches its end. Sessions merge events closer than the gap, per key.
+
+
+class OracleAmbiguityError(AssertionError):
+    """The data lets the result depend on how a round is split into micro-batches: fix the data."""
+
+
+@dataclass
+class OracleWindow:
+    key: str
+    start: int
+    end: int
+    events: list[dict[str, object]]
+
+
+@dataclass(frozen=True)
+class WindowOracle:
+    windows: dict[tuple[str, int], OracleWindow]  # every window with at least one accepted event
+    closed: frozenset[tuple[str, int]]  # windows the final watermark has passed
+    late_pairs: int  # (event, window) pairs dropped as late
+    final_watermark_ms: int
+
+
+def _sliding_starts(ts: int, size_ms: int, slide_ms: int) -> list[int]:
+    last = ts - ts % slide_ms
+    return [s for s in range(last - size_ms + slide_ms, last + 1, slide_ms) if s <= ts < s + size_ms]
+
+
+def oracle_windows(
+    rounds: list[list[dict[str, object]]],
+    *,
+    key_of: Callable[[dict[str, object]], str],
+    delay_ms: int,
+    size_ms: int = 0,
+    slide_ms: int = 0,
+    gap_ms: int = 0,
+    time_field: str = "ts",
+) -> WindowOracle:
+    """Tumbling (size), sliding (size, slide) or session (gap) windows over ``rounds`` of events."""
+    if bool(gap_ms) == bool(size_ms):
+        raise ValueError("give either size_ms (tumbling/sliding) or gap_ms (session)")
+    slide = slide_ms or size_ms
+    windows: dict[tuple[str, int], OracleWindow] = {}
+    open_sessions: dict[str, list[OracleWindow]] = {}
+    late = 0
+    max_seen: int | None = None
+    for events in rounds:
+        times = [_ts(e, time_field) for e in events]
+        watermark = -(2**62) if max_seen is None else max_seen - delay_ms
+        round_max = max([*times, max_seen if max_seen is not None else -(2**62)])
+        next_watermark = round_max - delay_ms
+        for e, ts in zip(events, times, strict=True):
+            key = key_of(e)
+            spans = (
+                [(ts, ts + gap_ms)]
+                if gap_ms
+                else [(s, s + size_ms) for s in _sliding_starts(ts, size_ms, slide)]
+            )
+            for start, end in spans:
+                if end <= watermark:
+                    late += 1
+                    continue
+                if end <= next_watermark:
+                    raise OracleAmbiguityError(
+                        f"event at {ts} (window end {end}) is late only if its round is split: keep a "
+                        f"round's event times within the watermark delay ({delay_ms} ms) of each other"
+                    )
+                if gap_ms:
+                    _merge_session(open_sessions.setdefault(key, []), key, start, end, e)
+                else:
+                    windows.setdefault((key, start), OracleWindow(key, start, end, [])).events.append(e)
+        max_seen = round_max
+        if gap_ms:  # sessions the new watermark has passed are emitted and forgotten
+            for key, sessions in open_sessions.items():
+                for s in [s for s in sessions if s.end <= next_watermark]:
+                    windows[(key, s.start)] = s
+                    sessions.remove(s)
+    final = (max_seen if max_seen is not None else 0) - delay_ms
+    for sessions in open_sessions.values():
+        for s in sessions:
+            windows[(s.key, s.start)] = s
+    closed = frozenset(k for k, w in windows.items() if w.end <= final)
+    return WindowOracle(windows=windows, closed=closed, late_pairs=late, final_watermark_ms=final)
+
+
+def _ts(e: dict[str, object], field: str) -> int:
+    ts = e[field]
+    assert isinstance(ts, int)
+    return ts
+
+
+def _merge_session(
+    sessions: list[OracleWindow], key: str, start: int, end: int, e: dict[str, object]
+) -> None:
+    merged = OracleWindow(key, start, end, [e])
+    for s in [s for s in sessions if s.start < merged.end and merged.start < s.end]:
+        sessions.remove(s)
+        merged = OracleWindow(
+            key, min(s.start, merged.start), max(s.end, merged.end), s.events + merged.events
+        )
+    sessions.append(merged)
+
+
+def exact_percentile(values: list[float], q: float) -> float:
+    """The smallest value v with at least q% of the values <= v (nearest rank, as Spark defines it)."""
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def rank_error(values: list[float], got: float, q: float) -> int:
+    """How many ranks ``got`` is away from the exact q-th percentile's rank (0 if it is that value)."""
+    ordered = sorted(values)
+    target = max(1, math.ceil(q / 100 * len(ordered)))
+    lowest = sum(1 for v in ordered if v < got) + 1  # ranks that `got` occupies, 1-based
+    highest = sum(1 for v in ordered if v <= got)
+    if highest < lowest:  # `got` is not one of the values
+        return len(ordered)
+    return 0 if lowest <= target <= highest else min(abs(target - lowest), abs(target - highest))

@@ -84,3 +84,11 @@ HDR_LATE_ALLOWED_LATENESS_MS = "sf.late.allowed_lateness_ms"
 HDR_LATE_TOPIC = "sf.late.topic"
 HDR_LATE_PARTITION = "sf.late.partition"
 HDR_LATE_OFFSET = "sf.late.offset"
+
+
+# --- Event records (processor) ----------------------------------------------------------------------
+# Stateless, dedup and join jobs write one JSON event per record; these headers name the job and the
+# source record (of the main stream) it came from, so a consumer can drop at-least-once duplicates.
+HDR_JOB = "sf.job"
+HDR_EVENT_SOURCE_PARTITION = "sf.source.partition"
+HDR_EVENT_SOURCE_OFFSET = "sf.source.offset"

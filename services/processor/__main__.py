@@ -1,9 +1,14 @@
-"""`python -m services.processor`: run the jobs of the given specs until SIGTERM."""
+"""`python -m services.processor`: run jobs (from spec files and over gRPC) until SIGTERM.
+
+One process: the SparkSession (its JVM is a child process), the job supervisor (main thread), the
+gRPC JobCommands + health server, Prometheus /metrics, and the registration with control.
+"""
 
 from __future__ import annotations
 
 import signal
 import sys
+from typing import cast
 
 from services.processor.app import Processor
 from services.processor.settings import ProcessorSettings
@@ -11,6 +16,8 @@ from shared.errors import StreamForgeError
 from shared.jobspec import load_job_spec
 from shared.logs import configure_logging
 from shared.metrics import serve_metrics
+from shared.registry import start_registration
+from shared.telemetry import TracingSettings, grpc_server_interceptor, setup_tracing, shutdown_tracing
 
 
 def _connector_jars(settings: ProcessorSettings) -> list[str]:
@@ -27,19 +34,34 @@ def main() -> int:
     try:
         specs = [load_job_spec(p) for p in settings.job_specs]
         processor = Processor(settings, specs, _connector_jars(settings))
-    except StreamForgeError as e:
+    except StreamForgeError as e:  # a bad spec or setting: say what to fix, do not start
         log.error("%s", e)
         return 2
+    # cast: TracingSettings declares tracing_exporter as str, the settings narrow it to a Literal.
+    tracer = setup_tracing("processor", cast(TracingSettings, settings))
     signal.signal(signal.SIGTERM, lambda *_: processor.stop())
     signal.signal(signal.SIGINT, lambda *_: processor.stop())
+    registration = None
     try:
-        processor.start()
-        # The metrics port opens once every query runs: stack readiness relies on it.
+        processor.start(interceptors=[grpc_server_interceptor(tracer)])
+        # The metrics port opens once every job runs: stack readiness relies on it.
         serve_metrics(settings.metrics_port)
+        registration = start_registration(
+            settings,
+            "processor",
+            grpc_port=settings.grpc_port,
+            metrics_port=settings.metrics_port,
+            jobs=processor.job_statuses,
+        )
         processor.run()
     except StreamForgeError as e:
         log.error("%s", e)
+        processor.close()
         return 1
+    finally:
+        if registration is not None:
+            registration.stop()
+        shutdown_tracing()
     log.info("stopped")
     return 0
 

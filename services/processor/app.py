@@ -1,29 +1,30 @@
-"""The processor service: holds the SparkSession and runs one streaming query per job."""
+"""The processor service: one SparkSession, one streaming query per job, commands over gRPC.
+
+At start-up it resumes the jobs it ran when it last stopped (or died), then starts the jobs of the
+spec files it was given (``SF_PROCESSOR_JOB_SPECS``); each resumes from its checkpoint when it has
+one. Control starts and stops further jobs through JobCommands. A supervisor loop restarts failed
+queries from their checkpoints; one job failing never stops the others or the service.
+"""
 
 from __future__ import annotations
 
 import logging
 import threading
-from pathlib import Path
-from typing import Any
 
 from pyspark.sql import SparkSession
-from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 
-from services.processor.query import start_query
+from services.processor.errors import ProcessorError
+from services.processor.grpc_server import GrpcServer, to_proto
+from services.processor.jobs import JobManager
+from services.processor.metrics import JobMetricsListener
 from services.processor.settings import ProcessorSettings
-from shared.errors import StreamForgeError
 from shared.jobspec import JobSpec
-from shared.kafka import ensure_topics
-from shared.metrics import PROCESSING_LATENCY, RECORDS_PROCESSED
+from shared.proto import streamforge_pb2 as pb
 
 log = logging.getLogger(__name__)
-SERVICE = "processor"
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
-
-class ProcessorError(StreamForgeError):
-    """Root of the processor's own errors."""
+__all__ = ["ROCKSDB_PROVIDER", "Processor", "ProcessorError", "build_spark"]
 
 
 def build_spark(settings: ProcessorSettings, jars: list[str]) -> SparkSession:
@@ -34,6 +35,9 @@ def build_spark(settings: ProcessorSettings, jars: list[str]) -> SparkSession:
         .config("spark.driver.memory", settings.driver_memory)
         .config("spark.sql.shuffle.partitions", str(settings.shuffle_partitions))
         .config("spark.sql.session.timeZone", "UTC")
+        # Non-ANSI: a bad cast or a division by zero in a job expression gives NULL instead of
+        # failing the query on one odd event.
+        .config("spark.sql.ansi.enabled", "false")
         .config("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
         # Changelog checkpointing uploads only the changed state per batch, not a RocksDB snapshot.
         .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
@@ -43,32 +47,11 @@ def build_spark(settings: ProcessorSettings, jars: list[str]) -> SparkSession:
         .config("spark.ui.port", str(settings.spark_ui_port))
         .config("spark.ui.showConsoleProgress", "false")
     )
+    for key, value in settings.spark_conf.items():
+        builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
-
-
-class _MetricsListener(StreamingQueryListener):
-    """Feeds Prometheus from every micro-batch's progress report."""
-
-    def onQueryStarted(self, event: Any) -> None:
-        log.info("query %s started (id %s)", event.name, event.id)
-
-    def onQueryProgress(self, event: Any) -> None:
-        p = event.progress
-        job = p.name or "unknown"
-        RECORDS_PROCESSED.labels(SERVICE, job).inc(p.numInputRows)
-        duration_ms = (p.durationMs or {}).get("triggerExecution", 0)
-        PROCESSING_LATENCY.labels(SERVICE, job).observe(duration_ms / 1000)
-
-    def onQueryIdle(self, event: Any) -> None:
-        pass
-
-    def onQueryTerminated(self, event: Any) -> None:
-        if event.exception:
-            log.error("query %s failed: %s", event.id, event.exception)
-        else:
-            log.info("query %s stopped", event.id)
 
 
 class Processor:
@@ -79,46 +62,48 @@ class Processor:
         self.settings = settings
         self.specs = specs
         self.jars = jars
-        self.queries: dict[str, StreamingQuery] = {}
         self._stop = threading.Event()
         self.spark: SparkSession | None = None
+        self.manager: JobManager | None = None
+        self.grpc: GrpcServer | None = None
 
-    def checkpoint_dir(self, job_id: str) -> str:
-        return str(Path(self.settings.data_dir).resolve() / "checkpoints" / job_id)
-
-    def start(self) -> None:
+    def start(self, interceptors: list[object] | None = None) -> None:
         s = self.settings
-        topics = [t for spec in self.specs for t in (spec.source.valid_topic, spec.output_topic)]
-        ensure_topics(s.kafka_bootstrap, topics, s.topic_partitions)
         self.spark = build_spark(s, self.jars)
-        self.spark.streams.addListener(_MetricsListener())
+        listener = JobMetricsListener()
+        self.spark.streams.addListener(listener)
+        self.manager = JobManager(self.spark, s, listener)
+        self.grpc = GrpcServer(self.manager, s.grpc_host, s.grpc_port, interceptors)
+        self.grpc.start()
+        given = {spec.id for spec in self.specs}
+        self.manager.resume_stored(skip=given)
         for spec in self.specs:
-            self.queries[spec.id] = start_query(
-                self.spark, spec, s.kafka_bootstrap, self.checkpoint_dir(spec.id), s.max_offsets_per_trigger
-            )
-            log.info("job %s running, checkpoint %s", spec.id, self.checkpoint_dir(spec.id))
+            self.manager.start(spec)  # a spec file that does not start is a start-up error
+        self.grpc.set_serving(True)
+
+    def job_statuses(self) -> list[pb.JobStatus]:
+        """What ListJobs answers; heartbeats to control carry it."""
+        return [to_proto(v) for v in self.manager.list()] if self.manager is not None else []
 
     def stop(self) -> None:
         self._stop.set()
 
     def run(self) -> None:
-        """Serve until stop(); start() first."""
-        assert self.spark is not None
+        """Supervise the jobs until stop(); start() first."""
+        assert self.manager is not None
         try:
-            while not self._stop.is_set():
-                # A failed query ends the service: a supervisor restarts it from the checkpoints.
-                if self.spark.streams.awaitAnyTermination(1):
-                    for job_id, q in self.queries.items():
-                        if not q.isActive and q.exception() is not None:
-                            raise ProcessorError(f"job {job_id} failed: {q.exception()}")
-                    self.spark.streams.resetTerminated()
+            while not self._stop.wait(1.0):
+                self.manager.supervise()
         finally:
             self.close()
 
     def close(self) -> None:
-        for q in self.queries.values():
-            if q.isActive:
-                q.stop()
+        if self.grpc is not None:
+            self.grpc.stop()
+            self.grpc = None
+        if self.manager is not None:
+            self.manager.shutdown()
+            self.manager = None
         if self.spark is not None:
             self.spark.stop()
             self.spark = None

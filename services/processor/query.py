@@ -1,18 +1,36 @@
-"""A job spec -> a Structured Streaming query: Kafka source, event-time window, Kafka sink.
+"""A job spec -> a Structured Streaming query: Kafka source(s), the job's operators, a Kafka sink.
 
-Results leave through foreachBatch so each row can carry the micro-batch id as its version: batch ids
-only grow within a checkpoint, and a batch replayed after a crash gets the same id and the same rows,
-so a sink that keeps the highest version per window never regresses and never double-counts.
+Windowed jobs leave through foreachBatch so each row can carry a version built from the job's epoch
+and the micro-batch id (``services.processor.versions``): batch ids only grow within a checkpoint, a
+batch replayed after a crash gets the same id and the same rows, and the epoch grows on every restore
+from a savepoint. A sink that keeps the highest version per window never regresses or double-counts.
+
+Stateless, dedup and join jobs write events straight to Kafka (the only sink Spark's real-time mode
+allows besides foreach); each record carries the job id and its source coordinates as headers, so a
+consumer can drop the duplicates an at-least-once replay may write.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.streaming import StreamingQuery
 
-from shared.jobspec import FieldType, JobSpec
+from services.processor.expressions import checked_column
+from services.processor.versions import version_of
+from shared import constants
+from shared.jobspec import (
+    Aggregation,
+    FieldType,
+    JobSpec,
+    SessionWindow,
+    SlidingWindow,
+    Source,
+    percentile_suffix,
+)
 
 _SPARK_TYPES: dict[FieldType, T.DataType] = {
     FieldType.STRING: T.StringType(),
@@ -21,20 +39,28 @@ _SPARK_TYPES: dict[FieldType, T.DataType] = {
     FieldType.BOOLEAN: T.BooleanType(),
     FieldType.TIMESTAMP: T.LongType(),  # ingest normalises every timestamp to epoch milliseconds
 }
+# Internal columns; user expressions may not name anything starting with "__".
 EVENT_TIME = "__event_time"
 KEY = "__key"
+SOURCE_PARTITION = "__partition"
+SOURCE_OFFSET = "__offset"
+WINDOW = "__window"
+RIGHT_KEY = "__right_key"
+RIGHT_EVENT_TIME = "__right_event_time"
+# Observed metrics counting rows the processor could not read, per source (see _readable()).
+MALFORMED_OBSERVATIONS = ("sf_malformed", "sf_malformed_joined")
 
 
-def event_schema(spec: JobSpec) -> T.StructType:
-    return T.StructType([T.StructField(n, _SPARK_TYPES[t], True) for n, t in spec.source.fields.items()])
+def event_schema(source: Source) -> T.StructType:
+    return T.StructType([T.StructField(n, _SPARK_TYPES[t], True) for n, t in source.fields.items()])
 
 
-def read_events(spark: SparkSession, spec: JobSpec, bootstrap: str, max_offsets: int) -> DataFrame:
-    """The job's validated events, parsed, with the record key and the event time as columns."""
+def read_source(spark: SparkSession, source: Source, bootstrap: str, max_offsets: int) -> DataFrame:
+    """A stream's validated events, parsed, with its record key, event time and coordinates."""
     raw = (
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", bootstrap)
-        .option("subscribe", spec.source.valid_topic)
+        .option("subscribe", source.valid_topic)
         .option("startingOffsets", "earliest")
         # Ingest writes in transactions: never read a batch it may still abort.
         .option("kafka.isolation.level", "read_committed")
@@ -43,65 +69,238 @@ def read_events(spark: SparkSession, spec: JobSpec, bootstrap: str, max_offsets:
     )
     return raw.select(
         F.col("key").cast("string").alias(KEY),
-        F.from_json(F.col("value").cast("string"), event_schema(spec)).alias("e"),
-    ).select(KEY, "e.*", F.timestamp_millis(F.col(f"e.{spec.source.event_time.field}")).alias(EVENT_TIME))
-
-
-def _aggregate_columns(spec: JobSpec) -> list[Column]:
-    cols: list[Column] = []
-    for agg in spec.aggregations:
-        if agg.fn == "count":
-            cols.append(F.count(F.lit(1)).alias(agg.name))
-    return cols
-
-
-def windowed(spec: JobSpec, events: DataFrame) -> DataFrame:
-    delay_ms = spec.watermark.max_out_of_orderness + spec.watermark.allowed_lateness
-    return (
-        events.withWatermark(EVENT_TIME, f"{delay_ms} milliseconds")
-        .groupBy(F.window(F.col(EVENT_TIME), f"{spec.window.size} milliseconds").alias("w"), F.col(KEY))
-        .agg(*_aggregate_columns(spec))
+        F.from_json(F.col("value").cast("string"), event_schema(source)).alias("e"),
+        F.col("partition").alias(SOURCE_PARTITION),
+        F.col("offset").alias(SOURCE_OFFSET),
+    ).select(
+        KEY,
+        "e.*",
+        F.timestamp_millis(F.col(f"e.{source.event_time.field}")).alias(EVENT_TIME),
+        SOURCE_PARTITION,
+        SOURCE_OFFSET,
     )
 
 
-def to_output_records(spec: JobSpec, results: DataFrame, batch_id: int) -> DataFrame:
+def _readable(df: DataFrame, observation: str) -> DataFrame:
+    """Drop rows without a key or event time, counting them in an observed metric.
+
+    Ingest only forwards valid events, so these appear only if something else writes to a .valid
+    topic; they are counted (processor_malformed_rows_total) and logged, never fed to a window.
+    """
+    bad = F.col(KEY).isNull() | F.col(EVENT_TIME).isNull()
+    observed = df.observe(observation, F.sum(F.when(bad, 1).otherwise(0)).alias("rows"))
+    return observed.where(~bad)
+
+
+def _row_schema(df: DataFrame) -> T.StructType:
+    # What an expression sees: the event's fields (internal columns are hidden from it).
+    return T.StructType([f for f in df.schema.fields if not f.name.startswith("__")])
+
+
+def _derive_and_filter(spark: SparkSession, spec: JobSpec, df: DataFrame) -> DataFrame:
+    for name, text in spec.derive.items():
+        column = checked_column(spark, text, _row_schema(df), "derive", f"derive.{name}")
+        df = df.select("*", column.alias(name))
+    if spec.filter is not None:
+        df = df.where(checked_column(spark, spec.filter, _row_schema(df), "filter", "filter"))
+    return df
+
+
+def _join(spark: SparkSession, spec: JobSpec, left: DataFrame, bootstrap: str, max_offsets: int) -> DataFrame:
+    assert spec.join is not None
+    join = spec.join
+    delay = f"{spec.watermark.delay_ms} milliseconds"
+    right = _readable(read_source(spark, join.source, bootstrap, max_offsets), MALFORMED_OBSERVATIONS[1])
+    right = right.select(
+        F.col(KEY).alias(RIGHT_KEY),
+        *[F.col(f).alias(join.prefix + f) for f in join.source.fields],
+        F.col(EVENT_TIME).alias(RIGHT_EVENT_TIME),
+    ).withWatermark(RIGHT_EVENT_TIME, delay)
+    left = left.withWatermark(EVENT_TIME, delay)
+    within = F.expr(f"INTERVAL {join.within} MILLISECONDS")
+    condition: Column = (F.col(RIGHT_EVENT_TIME) >= F.col(EVENT_TIME) - within) & (
+        F.col(RIGHT_EVENT_TIME) <= F.col(EVENT_TIME) + within
+    )
+    for lk, rk in zip(spec.source.key, join.source.key, strict=True):
+        condition = condition & (F.col(lk) == F.col(join.prefix + rk))
+    return left.join(right, condition, "inner").drop(RIGHT_KEY, RIGHT_EVENT_TIME)
+
+
+def events(spark: SparkSession, spec: JobSpec, bootstrap: str, max_offsets: int) -> DataFrame:
+    """The job's input rows after join, derive, filter, watermark and dedup."""
+    df = _readable(read_source(spark, spec.source, bootstrap, max_offsets), MALFORMED_OBSERVATIONS[0])
+    if spec.join is not None:
+        df = _join(spark, spec, df, bootstrap, max_offsets)
+    df = _derive_and_filter(spark, spec, df)
+    stateful = spec.kind in ("windowed", "dedup")
+    if stateful:
+        df = df.withWatermark(EVENT_TIME, f"{spec.watermark.delay_ms} milliseconds")
+    if spec.dedup is not None:
+        df = df.dropDuplicatesWithinWatermark(spec.dedup.fields)
+    return df
+
+
+# --- windowed jobs ----------------------------------------------------------------------------------
+def _window_column(spec: JobSpec) -> Column:
+    w = spec.window
+    if isinstance(w, SessionWindow):
+        return F.session_window(F.col(EVENT_TIME), f"{w.gap} milliseconds")
+    if isinstance(w, SlidingWindow):
+        return F.window(F.col(EVENT_TIME), f"{w.size} milliseconds", f"{w.slide} milliseconds")
+    return F.window(F.col(EVENT_TIME), f"{w.size} milliseconds")
+
+
+def _aggregate(agg: Aggregation) -> Column:
+    value = F.col(agg.field) if agg.field is not None else None
+    if agg.fn == "count":
+        return F.count(value if value is not None else F.lit(1))
+    assert value is not None  # the spec guarantees a field for every other function
+    if agg.fn == "percentiles":
+        qs = [q / 100 for q in agg.percentiles or []]
+        return F.percentile_approx(value, qs, agg.accuracy)
+    fns = {
+        "sum": F.sum,
+        "avg": F.avg,
+        "min": F.min,
+        "max": F.max,
+        "stddev": F.stddev_samp,
+        "stddev_pop": F.stddev_pop,
+    }
+    return fns[agg.fn](value)
+
+
+def _group_columns(spec: JobSpec) -> tuple[list[Column], Column]:
+    """What the windows are grouped by, and the result key computed from it."""
+    if spec.group_by is None:
+        # The record key, as ingest formatted it from the key fields; the fields ride along so a
+        # `having` condition can use them.
+        return [F.col(KEY), *[F.col(f) for f in spec.source.key]], F.col(KEY)
+    parts = [F.coalesce(F.col(f).cast("string"), F.lit("")) for f in spec.group_by]
+    return [F.col(f) for f in spec.group_by], F.concat_ws("|", *parts)
+
+
+def windowed(spec: JobSpec, rows: DataFrame) -> DataFrame:
+    """Aggregates per (window, key): one column per output name, plus WINDOW and KEY."""
+    group_cols, key = _group_columns(spec)
+    aggregated = rows.groupBy(_window_column(spec).alias(WINDOW), *group_cols).agg(
+        *[_aggregate(a).alias(f"__agg_{i}") for i, a in enumerate(spec.aggregations)]
+    )
+    outputs: list[Column] = []
+    for i, agg in enumerate(spec.aggregations):
+        if agg.fn == "percentiles":
+            for j, q in enumerate(agg.percentiles or []):
+                outputs.append(F.col(f"__agg_{i}")[j].alias(f"{agg.name}_{percentile_suffix(q)}"))
+        else:
+            outputs.append(F.col(f"__agg_{i}").alias(agg.name))
+    keep = list(spec.group_by or spec.source.key)
+    if spec.group_by is None:
+        return aggregated.select(WINDOW, KEY, *keep, *outputs)
+    return aggregated.select(WINDOW, key.alias(KEY), *keep, *outputs)
+
+
+def having(spark: SparkSession, spec: JobSpec, results: DataFrame) -> Column | None:
+    if spec.having is None:
+        return None
+    return checked_column(spark, spec.having, _row_schema(results), "having", "having")
+
+
+def to_window_results(spec: JobSpec, results: DataFrame, version: int) -> DataFrame:
     """Rows in the aggregates topic's wire format (shared.records.WindowResult)."""
-    start = F.unix_millis(F.col("w.start"))
+    aggregates = F.struct(*[F.col(n) for n in spec.aggregate_names])
     value = F.to_json(
         F.struct(
             F.lit(spec.id).alias("job_id"),
             F.col(KEY).alias("key"),
-            start.alias("window_start"),
-            F.unix_millis(F.col("w.end")).alias("window_end"),
-            F.lit(batch_id).cast("long").alias("version"),
-            F.lit(False).alias("final"),
-            F.struct(*[F.col(a.name) for a in spec.aggregations]).alias("aggregates"),
-        )
+            F.unix_millis(F.col(f"{WINDOW}.start")).alias("window_start"),
+            F.unix_millis(F.col(f"{WINDOW}.end")).alias("window_end"),
+            F.lit(version).cast("long").alias("version"),
+            F.lit(spec.emit == "on_window_close").alias("final"),
+            aggregates.alias("aggregates"),
+        ),
+        # A null aggregate (stddev of one event) stays in the record as null.
+        {"ignoreNullFields": "false"},
     )
     # Keyed by (job, key): every update of one window lands in one partition, in order.
     key = F.concat_ws("|", F.lit(spec.id), F.col(KEY))
     return results.select(key.alias("key"), value.alias("value"))
 
 
+# --- event-forwarding jobs --------------------------------------------------------------------------
+def to_event_records(spec: JobSpec, rows: DataFrame) -> DataFrame:
+    """One JSON object per event (its fields and derived fields), keyed like its input record."""
+    fields = [c for c in rows.columns if not c.startswith("__")]
+    headers = F.array(
+        F.struct(F.lit(constants.HDR_JOB).alias("key"), F.lit(spec.id).cast("binary").alias("value")),
+        F.struct(
+            F.lit(constants.HDR_EVENT_SOURCE_PARTITION).alias("key"),
+            F.col(SOURCE_PARTITION).cast("string").cast("binary").alias("value"),
+        ),
+        F.struct(
+            F.lit(constants.HDR_EVENT_SOURCE_OFFSET).alias("key"),
+            F.col(SOURCE_OFFSET).cast("string").cast("binary").alias("value"),
+        ),
+    )
+    value = F.to_json(F.struct(*[F.col(f) for f in fields]), {"ignoreNullFields": "false"})
+    return rows.select(F.col(KEY).alias("key"), value.alias("value"), headers.alias("headers"))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What start_query needs; building it checks every expression of the spec."""
+
+    spec: JobSpec
+    output: DataFrame  # windowed: results per window; others: Kafka records (key, value, headers)
+    having: Column | None
+    output_mode: str
+
+
+def build_plan(spark: SparkSession, spec: JobSpec, bootstrap: str, max_offsets: int) -> Plan:
+    rows = events(spark, spec, bootstrap, max_offsets)
+    if spec.kind == "windowed":
+        results = windowed(spec, rows)
+        mode = "update" if spec.emit == "on_update" else "append"
+        return Plan(spec, results, having(spark, spec, results), mode)
+    # Dedup and joins emit each row once (append); stateless jobs have no state to finalise.
+    mode = "update" if spec.kind == "stateless" else "append"
+    return Plan(spec, to_event_records(spec, rows), None, mode)
+
+
 def start_query(
-    spark: SparkSession, spec: JobSpec, bootstrap: str, checkpoint_dir: str, max_offsets: int
+    spark: SparkSession,
+    spec: JobSpec,
+    bootstrap: str,
+    checkpoint_dir: str,
+    max_offsets: int,
+    *,
+    epoch: int = 0,
+    plan: Plan | None = None,
 ) -> StreamingQuery:
-    results = windowed(spec, read_events(spark, spec, bootstrap, max_offsets))
+    plan = plan or build_plan(spark, spec, bootstrap, max_offsets)
+    writer = plan.output.writeStream.queryName(spec.id).outputMode(plan.output_mode)
+    writer = writer.option("checkpointLocation", checkpoint_dir)
+    interval = f"{spec.trigger_interval} milliseconds"
+    if spec.trigger_mode == "real_time":
+        # pyspark 4.2's overloads of trigger() do not list realTime yet; the method takes it.
+        writer = writer.trigger(realTime=interval)  # type: ignore[call-overload]
+    else:
+        writer = writer.trigger(processingTime=interval)
+    if spec.kind != "windowed":
+        return (
+            writer.format("kafka")
+            .option("kafka.bootstrap.servers", bootstrap)
+            .option("topic", spec.output_topic)
+            .start()
+        )
+    condition = plan.having
 
     def write_batch(batch: DataFrame, batch_id: int) -> None:
+        selected = batch if condition is None else batch.where(condition)
         (
-            to_output_records(spec, batch, batch_id)
+            to_window_results(spec, selected, version_of(epoch, batch_id))
             .write.format("kafka")
             .option("kafka.bootstrap.servers", bootstrap)
             .option("topic", spec.output_topic)
             .save()
         )
 
-    return (
-        results.writeStream.queryName(spec.id)
-        .outputMode("update")
-        .option("checkpointLocation", checkpoint_dir)
-        .trigger(processingTime=f"{spec.trigger_interval} milliseconds")
-        .foreachBatch(write_batch)
-        .start()
-    )
+    return writer.foreachBatch(write_batch).start()

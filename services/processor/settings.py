@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
@@ -9,6 +11,7 @@ from shared.settings import BaseServiceSettings
 class ProcessorSettings(BaseServiceSettings):
     model_config = SettingsConfigDict(env_prefix="SF_PROCESSOR_", extra="ignore", populate_by_name=True)
 
+    # Specs started at start-up (besides the jobs the processor ran when it last stopped).
     job_specs: list[str] = Field(default_factory=list)
     spark_master: str = "local[2]"
     # Sized for a 2-core machine: more shuffle partitions only add per-partition state-store overhead.
@@ -16,7 +19,34 @@ class ProcessorSettings(BaseServiceSettings):
     driver_memory: str = "1g"
     # Jars of Spark's Kafka connector; empty means: the ones `python -m infra fetch` resolved.
     spark_jars: list[str] = Field(default_factory=list)
+    # Extra Spark settings, e.g. {"spark.sql.streaming.realTimeMode.minBatchDuration": "2000ms"}.
+    spark_conf: dict[str, str] = Field(default_factory=dict)
     spark_ui_port: int = 4040
     # Bounds one micro-batch after a backlog, so a restart does not build one giant batch.
     max_offsets_per_trigger: int = Field(200_000, ge=1)
     metrics_port: int = 9102
+    # JobCommands and grpc.health.v1 (control calls it; 0 picks a free port).
+    grpc_port: int = Field(6124, ge=0)
+    grpc_host: str = "127.0.0.1"
+    # Default: <data_dir>/checkpoints, <data_dir>/savepoints, <data_dir>/jobs.
+    checkpoint_dir: str = ""
+    savepoint_dir: str = ""
+    # A failed query is restarted from its checkpoint this many times, after backoff * 2^(n-1);
+    # a job that ran job_failure_reset_s without failing starts counting again.
+    job_restart_attempts: int = Field(3, ge=0)
+    job_restart_backoff_ms: int = Field(2_000, ge=0)
+    job_failure_reset_s: float = Field(300, ge=0)
+    # How long a stop with savepoint waits for the running micro-batch to end.
+    stop_timeout_ms: int = Field(30_000, ge=0)
+
+    @property
+    def checkpoints_path(self) -> Path:
+        return Path(self.checkpoint_dir or Path(self.data_dir) / "checkpoints").resolve()
+
+    @property
+    def savepoints_path(self) -> Path:
+        return Path(self.savepoint_dir or Path(self.data_dir) / "savepoints").resolve()
+
+    @property
+    def jobs_path(self) -> Path:
+        return (Path(self.data_dir) / "jobs").resolve()

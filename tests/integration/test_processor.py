@@ -21,12 +21,23 @@ from tests.kafka_util import produce_keyed, read_all
 pytestmark = pytest.mark.integration
 
 
+_SESSION: list[SparkSession] = []
+
+
+def shared_spark(ui_port: int) -> SparkSession:
+    """One SparkSession for every processor test module (each imports the `spark` fixture)."""
+    if not _SESSION:
+        settings = ProcessorSettings(spark_ui_port=ui_port, driver_memory="1g")
+        _SESSION.append(build_spark(settings, [str(p) for p in spark_kafka_jars()]))
+    return _SESSION[0]
+
+
 @pytest.fixture(scope="session")
 def spark(stack_cfg) -> Iterator[SparkSession]:  # type: ignore[no-untyped-def]
-    settings = ProcessorSettings(spark_ui_port=stack_cfg.spark_ui_port + 1, driver_memory="1g")
-    session = build_spark(settings, [str(p) for p in spark_kafka_jars()])
+    session = shared_spark(stack_cfg.spark_ui_port + 1)
     yield session
-    session.stop()
+    if _SESSION:  # the first module's teardown stops it; the others find it gone
+        _SESSION.pop().stop()
 
 
 def spec_for(name: str, window: str = "10s", watermark: str = "5s") -> JobSpec:

@@ -1,0 +1,167 @@
+"""gRPC: JobCommands (start, stop, stop with savepoint, status, list) and grpc.health.v1.
+
+Errors map to status codes control acts on: a bad spec is INVALID_ARGUMENT, a job already running is
+ALREADY_EXISTS, an unknown job NOT_FOUND, a savepoint that cannot be read or taken FAILED_PRECONDITION
+(after a failed stop-with-savepoint the job keeps running), anything else INTERNAL.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from concurrent import futures
+from typing import NoReturn, TypeVar
+
+import grpc
+import orjson
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from services.processor.errors import JobNotFoundError, JobStateError, ProcessorError, SavepointError
+from services.processor.jobs import JobManager, JobState, JobView
+from shared.errors import SpecError
+from shared.jobspec import JobSpec, parse_job_spec, spec_to_json
+from shared.proto import streamforge_pb2 as pb
+from shared.proto import streamforge_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+JOB_COMMANDS_SERVICE = "streamforge.v1.JobCommands"
+T = TypeVar("T")
+
+_STATES = {
+    JobState.CREATED: pb.JOB_STATE_CREATED,
+    JobState.RUNNING: pb.JOB_STATE_RUNNING,
+    JobState.FAILING: pb.JOB_STATE_FAILING,
+    JobState.FAILED: pb.JOB_STATE_FAILED,
+    JobState.CANCELLING: pb.JOB_STATE_CANCELLING,
+    JobState.CANCELED: pb.JOB_STATE_CANCELED,
+    JobState.FINISHED: pb.JOB_STATE_FINISHED,
+}
+
+
+def to_proto(view: JobView) -> pb.JobStatus:
+    status = pb.JobStatus(
+        job_id=view.job_id,
+        state=_STATES[view.state],
+        message=view.message,
+        savepoint_path=view.savepoint_path,
+    )
+    if view.metrics is not None:
+        m = view.metrics.latest
+        status.metrics.CopyFrom(
+            pb.JobMetrics(
+                batch_id=m.batch_id,
+                input_rows_per_second=m.input_rows_per_second,
+                processed_rows_per_second=m.processed_rows_per_second,
+                batch_duration_ms=m.batch_duration_ms,
+                watermark_ms=m.watermark_ms or 0,
+                state_rows=m.state_rows,
+                state_memory_bytes=m.state_memory_bytes,
+                rows_dropped_by_watermark=view.metrics.rows_dropped_by_watermark,
+                commit_duration_ms=m.commit_duration_ms,
+            )
+        )
+    return status
+
+
+def spec_of(request: pb.StartJobRequest, savepoint_spec: Callable[[str], JobSpec]) -> JobSpec:
+    """The request's spec under the request's job id (a restore may rename a job)."""
+    if request.spec_json:
+        spec = parse_job_spec(request.spec_json)
+    elif request.from_savepoint:
+        spec = savepoint_spec(request.from_savepoint)  # no spec: run the savepoint's own
+    else:
+        raise SpecError("StartJob needs spec_json (or from_savepoint to run the savepoint's spec)")
+    if request.job_id and request.job_id != spec.id:
+        renamed = {**orjson.loads(spec_to_json(spec)), "id": request.job_id}
+        spec = parse_job_spec(orjson.dumps(renamed))
+    return spec
+
+
+def _abort(context: grpc.ServicerContext, e: Exception) -> NoReturn:
+    if isinstance(e, SpecError):
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+    if isinstance(e, JobNotFoundError):
+        context.abort(grpc.StatusCode.NOT_FOUND, str(e))
+    if isinstance(e, JobStateError):
+        code = grpc.StatusCode.ALREADY_EXISTS if "already" in str(e) else grpc.StatusCode.FAILED_PRECONDITION
+        context.abort(code, str(e))
+    if isinstance(e, SavepointError):
+        context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+    log.exception("command failed")
+    context.abort(grpc.StatusCode.INTERNAL, str(e))
+    raise AssertionError("context.abort() raises")  # for the type checker
+
+
+class JobCommandsService(pb_grpc.JobCommandsServicer):
+    def __init__(self, manager: JobManager) -> None:
+        self.manager = manager
+
+    def StartJob(self, request: pb.StartJobRequest, context: grpc.ServicerContext) -> pb.JobStatus:
+        from services.processor import savepoints
+
+        try:
+            spec = spec_of(request, lambda path: savepoints.load(path).spec)
+            view = self.manager.start(spec, request.from_savepoint)
+        except (SpecError, ProcessorError) as e:
+            _abort(context, e)
+        log.info(
+            "StartJob %s%s: %s",
+            spec.id,
+            f" from {request.from_savepoint}" * bool(request.from_savepoint),
+            view.state,
+        )
+        return to_proto(view)
+
+    def StopJob(self, request: pb.StopJobRequest, context: grpc.ServicerContext) -> pb.JobStatus:
+        try:
+            view = self.manager.stop(request.job_id, request.savepoint, request.savepoint_dir)
+        except (SpecError, ProcessorError) as e:
+            _abort(context, e)
+        log.info("StopJob %s (savepoint: %s): %s", request.job_id, request.savepoint, view.state)
+        return to_proto(view)
+
+    def GetStatus(self, request: pb.JobRef, context: grpc.ServicerContext) -> pb.JobStatus:
+        try:
+            return to_proto(self.manager.get(request.job_id))
+        except ProcessorError as e:
+            _abort(context, e)
+
+    def ListJobs(self, request: pb.ListJobsRequest, context: grpc.ServicerContext) -> pb.ListJobsResponse:
+        return pb.ListJobsResponse(jobs=[to_proto(v) for v in self.manager.list()])
+
+
+class GrpcServer:
+    def __init__(
+        self, manager: JobManager, host: str, port: int, interceptors: list[object] | None = None
+    ) -> None:
+        self.server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="processor-grpc"),
+            interceptors=interceptors or [],
+        )
+        self.health = health.HealthServicer()
+        pb_grpc.add_JobCommandsServicer_to_server(JobCommandsService(manager), self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        for service in ("", JOB_COMMANDS_SERVICE):
+            self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+        try:
+            self.port = self.server.add_insecure_port(f"{host}:{port}")
+        except RuntimeError as e:
+            raise ProcessorError(f"cannot serve gRPC on {host}:{port}: {e}") from e
+        if self.port == 0:
+            raise ProcessorError(f"cannot serve gRPC on {host}:{port} (port in use?)")
+        self.address = f"{host}:{self.port}"
+
+    def start(self) -> None:
+        self.server.start()
+        log.info("gRPC JobCommands and health on %s", self.address)
+
+    def set_serving(self, serving: bool) -> None:
+        status = (
+            health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for service in ("", JOB_COMMANDS_SERVICE):
+            self.health.set(service, status)
+
+    def stop(self) -> None:
+        self.set_serving(False)
+        self.server.stop(grace=2).wait(5)

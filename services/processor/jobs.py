@@ -1,0 +1,310 @@
+"""The processor's jobs: one streaming query each, started, stopped, saved and restarted here.
+
+- **start**: checks the spec with Spark (building the plan parses and analyses every expression),
+  then resumes the job's checkpoint, or restores a savepoint into it first (also under a new job id),
+  and starts the query in the job's epoch (``versions``).
+- **stop**: stops the query between two micro-batches; **with a savepoint**, then copies the
+  checkpoint with its metadata (``savepoints``). If the copy fails the job is started again from its
+  checkpoint and keeps running (as Flink does when a stop-with-savepoint fails).
+- **supervise**: a query that died is restarted from its checkpoint after a back-off, a few times;
+  then the job is FAILED with Spark's message. Other jobs are never affected.
+
+Commands are serialised by one lock; status reads only take a short lock on the job table, so a
+heartbeat or GetStatus never waits for a slow stop.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+from pyspark.errors import AnalysisException
+from pyspark.sql import SparkSession
+from pyspark.sql.streaming import StreamingQuery
+
+from services.processor import savepoints
+from services.processor.errors import JobNotFoundError, JobStateError, ProcessorError, SavepointError
+from services.processor.metrics import JOB_RESTARTS, JobMetricsListener, JobTotals
+from services.processor.query import Plan, build_plan, start_query
+from services.processor.settings import ProcessorSettings
+from services.processor.store import JobStore, StoredJob
+from shared.errors import SpecError
+from shared.jobspec import JobSpec
+from shared.kafka import ensure_topics
+
+log = logging.getLogger(__name__)
+
+
+class JobState(StrEnum):
+    """The states of streamforge.v1.JobState (Flink's job states)."""
+
+    CREATED = "CREATED"
+    RUNNING = "RUNNING"
+    FAILING = "FAILING"
+    FAILED = "FAILED"
+    CANCELLING = "CANCELLING"
+    CANCELED = "CANCELED"
+    FINISHED = "FINISHED"
+
+
+ACTIVE = frozenset({JobState.CREATED, JobState.RUNNING, JobState.FAILING, JobState.CANCELLING})
+
+
+@dataclass
+class Job:
+    spec: JobSpec
+    epoch: int
+    state: JobState
+    query: StreamingQuery | None = None
+    message: str = ""
+    savepoint_path: str = ""
+    failures: int = 0
+    retry_at: float = 0.0
+    running_since: float = 0.0
+
+
+@dataclass(frozen=True)
+class JobView:
+    """A job's status at one moment (what the gRPC answers and heartbeats are made of)."""
+
+    job_id: str
+    state: JobState
+    message: str
+    savepoint_path: str
+    epoch: int
+    metrics: JobTotals | None
+
+
+def _first_line(text: object) -> str:
+    lines = str(text).strip().splitlines()
+    return lines[0][:1000] if lines else ""
+
+
+class JobManager:
+    def __init__(
+        self, spark: SparkSession, settings: ProcessorSettings, listener: JobMetricsListener
+    ) -> None:
+        self.spark = spark
+        self.settings = settings
+        self.listener = listener
+        self.store = JobStore(settings.jobs_path)
+        self._jobs: dict[str, Job] = {}
+        self._table_lock = threading.Lock()  # guards _jobs; held only briefly
+        self._command_lock = threading.RLock()  # one start/stop/restart at a time
+
+    # --- paths ------------------------------------------------------------------------------------
+    def checkpoint_dir(self, job_id: str) -> Path:
+        return self.settings.checkpoints_path / job_id
+
+    # --- reads ------------------------------------------------------------------------------------
+    def _view(self, job: Job) -> JobView:
+        return JobView(
+            job_id=job.spec.id,
+            state=job.state,
+            message=job.message,
+            savepoint_path=job.savepoint_path,
+            epoch=job.epoch,
+            metrics=self.listener.latest(job.spec.id),
+        )
+
+    def get(self, job_id: str) -> JobView:
+        with self._table_lock:
+            job = self._jobs.get(job_id)
+            if job is None:
+                raise JobNotFoundError(f"no job {job_id!r} on this processor")
+            return self._view(job)
+
+    def list(self) -> list[JobView]:
+        with self._table_lock:
+            return [self._view(j) for j in self._jobs.values()]
+
+    def query(self, job_id: str) -> StreamingQuery | None:
+        with self._table_lock:
+            job = self._jobs.get(job_id)
+            return job.query if job is not None else None
+
+    def _set(self, job: Job, **changes: object) -> None:
+        with self._table_lock:
+            for name, value in changes.items():
+                setattr(job, name, value)
+            self._jobs[job.spec.id] = job
+
+    # --- commands ---------------------------------------------------------------------------------
+    def plan(self, spec: JobSpec) -> Plan:
+        """Check a spec against Spark (expressions, types, real-time limits) and build its query plan."""
+        if spec.trigger_mode == "real_time":
+            conf = self.spark.conf.get("spark.sql.streaming.realTimeMode.minBatchDuration") or "5000ms"
+            minimum = int(conf.removesuffix("ms")) if conf.endswith("ms") else 5_000
+            if spec.trigger_interval < minimum:
+                raise SpecError(
+                    f"trigger_interval: real-time batches last at least {minimum} ms "
+                    "(spark.sql.streaming.realTimeMode.minBatchDuration); the results still flow per row"
+                )
+        try:
+            return build_plan(
+                self.spark, spec, self.settings.kafka_bootstrap, self.settings.max_offsets_per_trigger
+            )
+        except AnalysisException as e:
+            raise SpecError(f"job {spec.id}: Spark cannot run this spec: {_first_line(e)}") from None
+
+    def start(self, spec: JobSpec, from_savepoint: str = "") -> JobView:
+        with self._command_lock:
+            with self._table_lock:
+                current = self._jobs.get(spec.id)
+            if current is not None and current.state in ACTIVE:
+                raise JobStateError(f"job {spec.id} is already {current.state}")
+            savepoint = savepoints.load(from_savepoint) if from_savepoint else None
+            if savepoint is not None:
+                savepoints.check_compatible(savepoint, spec)
+            plan = self.plan(spec)  # before any file is touched: a bad spec changes nothing
+            epoch = self._epoch_for(spec.id, savepoint)
+            checkpoint = self.checkpoint_dir(spec.id)
+            if savepoint is not None:
+                moved = savepoints.restore(savepoint, checkpoint, spec.id, epoch)
+                if moved is not None:
+                    log.info("job %s: previous checkpoint moved to %s", spec.id, moved)
+            else:
+                savepoints.write_note(checkpoint, spec.id, epoch)
+            job = Job(spec=spec, epoch=epoch, state=JobState.CREATED)
+            self._set(job)
+            self._run(job, plan)
+            self.store.put(StoredJob(spec=spec, should_run=True, epoch=epoch))
+            return self._view(job)
+
+    def _epoch_for(self, job_id: str, savepoint: savepoints.Savepoint | None) -> int:
+        """Same epoch when resuming the job's own checkpoint; a higher one for any other start."""
+        stored = self.store.get(job_id)
+        checkpoint = self.checkpoint_dir(job_id)
+        known = max(stored.epoch if stored else 0, int(savepoints.read_note(checkpoint).get("epoch", 0)))
+        if savepoint is not None:
+            return max(known, savepoint.epoch) + 1
+        has_checkpoint = (checkpoint / "metadata").exists()
+        has_history = stored is not None or checkpoint.exists()
+        return known if has_checkpoint or not has_history else known + 1
+
+    def _run(self, job: Job, plan: Plan | None = None) -> None:
+        spec = job.spec
+        try:
+            topics = [s.valid_topic for s in spec.sources] + [spec.output_topic]
+            ensure_topics(self.settings.kafka_bootstrap, topics, self.settings.topic_partitions)
+            query = start_query(
+                self.spark,
+                spec,
+                self.settings.kafka_bootstrap,
+                str(self.checkpoint_dir(spec.id)),
+                self.settings.max_offsets_per_trigger,
+                epoch=job.epoch,
+                plan=plan or self.plan(spec),
+            )
+        except (SpecError, ProcessorError):
+            self._set(job, state=JobState.FAILED, message="the spec no longer starts")
+            raise
+        except Exception as e:  # Spark or Kafka refused: the job fails, the service does not
+            self._set(job, state=JobState.FAILED, message=_first_line(e))
+            raise ProcessorError(f"job {spec.id} did not start: {_first_line(e)}") from e
+        self._set(job, query=query, state=JobState.RUNNING, message="", running_since=time.monotonic())
+        log.info("job %s running (epoch %d, checkpoint %s)", spec.id, job.epoch, self.checkpoint_dir(spec.id))
+
+    def stop(self, job_id: str, savepoint: bool = False, savepoint_dir: str = "") -> JobView:
+        with self._command_lock:
+            with self._table_lock:
+                job = self._jobs.get(job_id)
+            if job is None:
+                raise JobNotFoundError(f"no job {job_id!r} on this processor")
+            if job.state not in ACTIVE:
+                if savepoint:
+                    raise JobStateError(f"job {job_id} is {job.state}: a savepoint needs a running job")
+                return self._view(job)
+            previous = job.state
+            self._set(job, state=JobState.CANCELLING)
+            self._stop_query(job, at_batch_boundary=savepoint)
+            if not savepoint:
+                self._set(job, state=JobState.CANCELED, message="stopped")
+                self.store.put(StoredJob(spec=job.spec, should_run=False, epoch=job.epoch))
+                return self._view(job)
+            root = Path(savepoint_dir) if savepoint_dir else self.settings.savepoints_path
+            try:
+                taken = savepoints.take(self.checkpoint_dir(job_id), job.spec, job.epoch, root)
+            except SavepointError as e:
+                log.error("job %s: %s; starting it again from its checkpoint", job_id, e)
+                self._set(job, state=previous)
+                self._run(job)
+                raise SavepointError(f"{e}; the job keeps running") from e
+            path = str(taken.path)
+            self._set(job, state=JobState.FINISHED, message="stopped with a savepoint", savepoint_path=path)
+            self.store.put(StoredJob(spec=job.spec, should_run=False, epoch=job.epoch, savepoint_path=path))
+            log.info("job %s stopped with savepoint %s (batch %s)", job_id, path, taken.last_committed_batch)
+            return self._view(job)
+
+    def _stop_query(self, job: Job, at_batch_boundary: bool) -> None:
+        query = job.query
+        if query is None:
+            return
+        if at_batch_boundary and query.isActive:
+            # Stop between two triggers when one comes within the timeout. Stopping mid-batch is safe
+            # too: Spark's offset log replays that batch on restore; this only avoids the rework.
+            deadline = time.monotonic() + self.settings.stop_timeout_ms / 1000
+            while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:
+                time.sleep(0.02)
+        try:
+            query.stop()
+        except Exception as e:  # a query that failed while stopping is stopped all the same
+            log.warning("job %s: stopping its query: %s", job.spec.id, _first_line(e))
+        self._set(job, query=None)
+
+    # --- supervision ------------------------------------------------------------------------------
+    def supervise(self, now: float | None = None) -> None:
+        """Notice dead queries; restart them from their checkpoint with back-off, or fail the job."""
+        now = time.monotonic() if now is None else now
+        s = self.settings
+        with self._table_lock:
+            jobs = list(self._jobs.values())
+        for job in jobs:
+            query = job.query
+            if job.state == JobState.RUNNING and query is not None and not query.isActive:
+                error = query.exception()
+                if error is None:  # stopped behind our back
+                    self._set(job, state=JobState.CANCELED, query=None, message="query stopped")
+                    continue
+                failures = job.failures + 1
+                if now - job.running_since > s.job_failure_reset_s:
+                    failures = 1  # it ran fine for a long while: this is a fresh problem
+                message = _first_line(error)
+                log.error("job %s failed (%d): %s", job.spec.id, failures, message)
+                if failures > s.job_restart_attempts:
+                    self._set(job, state=JobState.FAILED, query=None, failures=failures, message=message)
+                    continue
+                delay = s.job_restart_backoff_ms / 1000 * 2 ** (failures - 1)
+                self._set(job, state=JobState.FAILING, query=None, failures=failures, message=message)
+                self._set(job, retry_at=now + delay)
+            elif job.state == JobState.FAILING and now >= job.retry_at:
+                with self._command_lock:
+                    if job.state != JobState.FAILING:
+                        continue
+                    JOB_RESTARTS.labels(job.spec.id).inc()
+                    try:
+                        self._run(job)
+                    except (ProcessorError, SpecError) as e:
+                        self._set(job, state=JobState.FAILED, message=_first_line(e))
+
+    def resume_stored(self, skip: set[str]) -> None:
+        """Start again every job that ran when the processor last stopped (or died)."""
+        for stored in self.store.all():
+            if not stored.should_run or stored.spec.id in skip:
+                continue
+            try:
+                self.start(stored.spec)
+            except (ProcessorError, SpecError) as e:
+                log.error("job %s not resumed: %s", stored.spec.id, e)
+
+    def shutdown(self) -> None:
+        """Stop every query (the service is going down); jobs that should run resume on restart."""
+        with self._command_lock:
+            with self._table_lock:
+                jobs = list(self._jobs.values())
+            for job in jobs:
+                self._stop_query(job, at_batch_boundary=False)

@@ -1,0 +1,221 @@
+"""Per-job metrics from Spark's StreamingQueryListener: to Prometheus and to the control plane.
+
+Each micro-batch's progress report becomes one ``BatchMetrics`` (pure parsing, unit-tested on real
+reports). The listener keeps the newest per job (what GetStatus / ListJobs / heartbeats report as
+``JobMetrics``) and feeds the Prometheus families:
+
+- shared (design names, ``service="processor"``): ``records_processed_total`` (input rows),
+  ``processing_latency_seconds`` (batch duration), ``checkpoint_duration_seconds`` (commit time),
+  ``state_size_bytes``, ``watermark_lag_ms``, ``consumer_lag_records``, ``late_events_total``;
+- the processor's own, below, with a ``job`` label.
+
+``rows dropped by watermark`` is Spark's ``numRowsDroppedByWatermark``: rows the stateful operator
+refused as late, counted *after* partial aggregation (one per window and key within a partition of the
+batch), so it is at most, not exactly, the number of late events.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import orjson
+from prometheus_client import Counter, Gauge
+from pyspark.sql.streaming import StreamingQueryListener
+
+from shared.metrics import (
+    CHECKPOINT_DURATION,
+    CONSUMER_LAG,
+    LATE_EVENTS,
+    PROCESSING_LATENCY,
+    RECORDS_PROCESSED,
+    STATE_SIZE,
+    WATERMARK_LAG_MS,
+)
+
+log = logging.getLogger(__name__)
+SERVICE = "processor"
+
+INPUT_ROWS_PER_SECOND = Gauge(
+    "processor_input_rows_per_second", "Rows per second arriving in the last micro-batch", ["job"]
+)
+PROCESSED_ROWS_PER_SECOND = Gauge(
+    "processor_processed_rows_per_second", "Rows per second processed in the last micro-batch", ["job"]
+)
+BATCH_DURATION_MS = Gauge("processor_batch_duration_ms", "Wall time of the last micro-batch", ["job"])
+BATCH_ID = Gauge("processor_batch_id", "Id of the last micro-batch", ["job"])
+WATERMARK_MS = Gauge("processor_watermark_ms", "Event-time watermark of the job's query (epoch ms)", ["job"])
+STATE_ROWS = Gauge("processor_state_rows", "Rows in the job's state stores", ["job"])
+STATE_MEMORY_BYTES = Gauge("processor_state_memory_bytes", "Memory of the job's state stores", ["job"])
+ROWS_DROPPED_BY_WATERMARK = Counter(
+    "processor_rows_dropped_by_watermark_total",
+    "Rows Spark's stateful operators dropped as older than the watermark",
+    ["job"],
+)
+COMMIT_DURATION_MS = Gauge(
+    "processor_commit_duration_ms", "Offset-log, commit-log and state-store commit time of a batch", ["job"]
+)
+MALFORMED_ROWS = Counter(
+    "processor_malformed_rows_total", "Rows of a .valid topic without a key or event time (skipped)", ["job"]
+)
+JOB_RESTARTS = Counter(
+    "processor_job_restarts_total", "Failed queries restarted from their checkpoint", ["job"]
+)
+
+
+def _iso_ms(text: str | None) -> int | None:
+    if not text:
+        return None
+    return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
+
+
+def _lag(source: dict[str, Any]) -> int:
+    """Records between the batch's end offsets and the newest ones, over every partition."""
+    try:
+        end = orjson.loads(source.get("endOffset") or "{}")
+        latest = orjson.loads(source.get("latestOffset") or "{}")
+    except orjson.JSONDecodeError:
+        return 0
+    if not isinstance(end, dict) or not isinstance(latest, dict):
+        return 0
+    total = 0
+    for topic, partitions in latest.items():
+        for partition, offset in (partitions or {}).items():
+            done = (end.get(topic) or {}).get(partition, offset)
+            total += max(0, int(offset) - int(done))
+    return total
+
+
+@dataclass(frozen=True)
+class BatchMetrics:
+    job_id: str
+    batch_id: int
+    input_rows: int
+    input_rows_per_second: float
+    processed_rows_per_second: float
+    batch_duration_ms: int
+    watermark_ms: int | None
+    state_rows: int
+    state_memory_bytes: int
+    rows_dropped_by_watermark: int
+    commit_duration_ms: int
+    consumer_lag_records: int
+    malformed_rows: int
+    timestamp_ms: int | None
+
+
+def metrics_from_progress(progress: dict[str, Any]) -> BatchMetrics:
+    """One StreamingQueryProgress (as its JSON) -> the numbers the platform reports."""
+    durations = progress.get("durationMs") or {}
+    operators = progress.get("stateOperators") or []
+    observed = progress.get("observedMetrics") or {}
+    malformed = 0
+    for name, row in observed.items():
+        if name.startswith("sf_malformed") and isinstance(row, dict):
+            malformed += int(row.get("rows") or 0)
+    watermark = _iso_ms((progress.get("eventTime") or {}).get("watermark"))
+    return BatchMetrics(
+        job_id=progress.get("name") or "",
+        batch_id=int(progress.get("batchId", -1)),
+        input_rows=int(progress.get("numInputRows") or 0),
+        input_rows_per_second=float(progress.get("inputRowsPerSecond") or 0.0),
+        processed_rows_per_second=float(progress.get("processedRowsPerSecond") or 0.0),
+        batch_duration_ms=int(progress.get("batchDuration") or durations.get("triggerExecution") or 0),
+        # Spark reports the epoch (0) before the first watermark: that is "none yet".
+        watermark_ms=watermark if watermark else None,
+        state_rows=sum(int(op.get("numRowsTotal") or 0) for op in operators),
+        state_memory_bytes=sum(int(op.get("memoryUsedBytes") or 0) for op in operators),
+        rows_dropped_by_watermark=sum(int(op.get("numRowsDroppedByWatermark") or 0) for op in operators),
+        commit_duration_ms=int(durations.get("walCommit") or 0)
+        + int(durations.get("commitOffsets") or 0)
+        + sum(int(op.get("commitTimeMs") or 0) for op in operators),
+        consumer_lag_records=sum(_lag(s) for s in progress.get("sources") or []),
+        malformed_rows=malformed,
+        timestamp_ms=_iso_ms(progress.get("timestamp")),
+    )
+
+
+@dataclass
+class JobTotals:
+    latest: BatchMetrics
+    rows_dropped_by_watermark: int = 0
+    malformed_rows: int = 0
+    batches: int = 0
+
+
+class JobMetricsListener(StreamingQueryListener):
+    """Keeps the newest metrics of every job's query and exports them (queries are named by job id)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._jobs: dict[str, JobTotals] = {}
+
+    def latest(self, job_id: str) -> JobTotals | None:
+        with self._lock:
+            return self._jobs.get(job_id)
+
+    def forget(self, job_id: str) -> None:
+        with self._lock:
+            self._jobs.pop(job_id, None)
+
+    def record(self, m: BatchMetrics, now_ms: int | None = None) -> None:
+        """Account one batch (the listener calls it; tests may too)."""
+        job = m.job_id
+        with self._lock:
+            totals = self._jobs.get(job)
+            if totals is None:
+                totals = self._jobs[job] = JobTotals(latest=m)
+            totals.latest = m
+            totals.batches += 1
+            totals.rows_dropped_by_watermark += m.rows_dropped_by_watermark
+            totals.malformed_rows += m.malformed_rows
+        RECORDS_PROCESSED.labels(SERVICE, job).inc(m.input_rows)
+        PROCESSING_LATENCY.labels(SERVICE, job).observe(m.batch_duration_ms / 1000)
+        CHECKPOINT_DURATION.labels(SERVICE, job).observe(m.commit_duration_ms / 1000)
+        STATE_SIZE.labels(SERVICE, job).set(m.state_memory_bytes)
+        CONSUMER_LAG.labels(SERVICE, job).set(m.consumer_lag_records)
+        INPUT_ROWS_PER_SECOND.labels(job).set(m.input_rows_per_second)
+        PROCESSED_ROWS_PER_SECOND.labels(job).set(m.processed_rows_per_second)
+        BATCH_DURATION_MS.labels(job).set(m.batch_duration_ms)
+        BATCH_ID.labels(job).set(m.batch_id)
+        STATE_ROWS.labels(job).set(m.state_rows)
+        STATE_MEMORY_BYTES.labels(job).set(m.state_memory_bytes)
+        COMMIT_DURATION_MS.labels(job).set(m.commit_duration_ms)
+        if m.watermark_ms is not None:
+            WATERMARK_MS.labels(job).set(m.watermark_ms)
+            now = now_ms if now_ms is not None else int(time.time() * 1000)
+            WATERMARK_LAG_MS.labels(SERVICE, job).set(now - m.watermark_ms)
+        if m.rows_dropped_by_watermark:
+            ROWS_DROPPED_BY_WATERMARK.labels(job).inc(m.rows_dropped_by_watermark)
+            LATE_EVENTS.labels(SERVICE, job).inc(m.rows_dropped_by_watermark)
+        if m.malformed_rows:
+            MALFORMED_ROWS.labels(job).inc(m.malformed_rows)
+            log.warning(
+                "job %s: skipped %d row(s) without a key or event time in batch %d",
+                job,
+                m.malformed_rows,
+                m.batch_id,
+            )
+
+    # --- StreamingQueryListener ----------------------------------------------------------------------
+    def onQueryStarted(self, event: Any) -> None:
+        log.info("query %s started (id %s)", event.name, event.id)
+
+    def onQueryProgress(self, event: Any) -> None:
+        try:
+            self.record(metrics_from_progress(orjson.loads(event.progress.json)))
+        except Exception:  # a metrics bug must never disturb the queries
+            log.exception("cannot read a progress report")
+
+    def onQueryIdle(self, event: Any) -> None:
+        pass
+
+    def onQueryTerminated(self, event: Any) -> None:
+        if event.exception:
+            log.error("query %s failed: %s", event.id, event.exception.splitlines()[0])
+        else:
+            log.info("query %s stopped", event.id)

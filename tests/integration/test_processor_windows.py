@@ -1,0 +1,236 @@
+"""Every window type x emit policy on the real broker and Spark, with out-of-order and late events.
+
+Five queries (tumbling, sliding x on_update, on_window_close; session x on_window_close) run side by
+side in the shared SparkSession and are fed the same kind of data in rounds. After each round the test
+waits for the queries to catch up; the plain-Python oracle (infra.datagen.oracle_windows) is told the
+same rounds. Every aggregate must equal the oracle's, computed from the events it accepted:
+count, min and max exactly, sums, means and deviations to 1e-9 relative, percentiles within the
+documented rank error of percentile_approx (ceil(n / accuracy)).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import pytest
+from pyspark.sql import SparkSession
+from pyspark.sql.streaming import StreamingQuery
+
+from infra.datagen import WindowOracle, oracle_windows, rank_error
+from services.processor.query import start_query
+from services.processor.versions import split_version
+from shared.jobspec import JobSpec
+from shared.kafka import ensure_topics
+from shared.records import WindowResult
+from tests.integration.test_processor import spark  # noqa: F401  (the shared session fixture)
+from tests.kafka_util import produce_keyed, read_all
+
+pytestmark = pytest.mark.integration
+
+BASE = 1_767_225_600_000
+KEYS = ("a", "b", "c")
+OOO_MS, LATENESS_MS = 2_000, 2_000
+DELAY_MS = OOO_MS + LATENESS_MS
+ROUND_STRIDE_MS, ROUND_SPAN_MS = 3_000, 2_900  # a round's events lie within less than the delay
+ACCURACY = 100
+AGGREGATIONS = [
+    {"fn": "count", "as": "n"},
+    {"fn": "sum", "field": "value", "as": "total"},
+    {"fn": "avg", "field": "value", "as": "mean"},
+    {"fn": "min", "field": "value", "as": "low"},
+    {"fn": "max", "field": "value", "as": "high"},
+    {"fn": "stddev", "field": "value", "as": "sd"},
+    {"fn": "stddev_pop", "field": "value", "as": "sd_pop"},
+    {"fn": "percentiles", "field": "value", "percentiles": [50, 95, 99], "accuracy": ACCURACY},
+]
+CASES = {
+    "tumbling-update": ({"type": "tumbling", "size": "5s"}, "on_update"),
+    "tumbling-close": ({"type": "tumbling", "size": "5s"}, "on_window_close"),
+    "sliding-update": ({"type": "sliding", "size": "8s", "slide": "4s"}, "on_update"),
+    "sliding-close": ({"type": "sliding", "size": "8s", "slide": "4s"}, "on_window_close"),
+    "session-close": ({"type": "session", "gap": "1002ms"}, "on_window_close"),
+}
+
+
+def spec_for(name: str, window: dict[str, Any], emit: str) -> JobSpec:
+    return JobSpec.model_validate(
+        {
+            "id": name,
+            "source": {
+                "topic": name,
+                "fields": {"k": "string", "value": "double", "ts": "timestamp"},
+                "key": ["k"],
+                "event_time": {"field": "ts"},
+            },
+            "window": window,
+            "watermark": {"max_out_of_orderness": OOO_MS, "allowed_lateness": LATENESS_MS},
+            "aggregations": AGGREGATIONS,
+            "emit": emit,
+            "trigger_interval": "200ms",
+            "output_topic": f"{name}.out",
+        }
+    )
+
+
+def _window_ends(spec: JobSpec, ts: int) -> list[int]:
+    w = spec.window
+    if w.type == "session":
+        return [ts + w.gap]
+    slide = w.slide if w.type == "sliding" else w.size
+    first = ts - ts % slide - w.size + slide
+    return [s + w.size for s in range(first, ts + 1, slide) if s <= ts < s + w.size]
+
+
+def make_rounds(spec: JobSpec, seed: int, n_rounds: int = 7) -> list[list[dict[str, object]]]:
+    """Rounds of shuffled events within ROUND_SPAN_MS, plus events behind the previous rounds'
+    watermark: late for every window, or (sliding) late for some windows only."""
+    rng = random.Random(seed)
+    rounds: list[list[dict[str, object]]] = []
+    max_seen: int | None = None
+    for r in range(n_rounds):
+        start = BASE + r * ROUND_STRIDE_MS
+        per_key = 6 if spec.window.type == "session" else 14
+        events = [
+            {
+                "k": k,
+                "value": round(rng.uniform(0, 100), 2),
+                "ts": start + rng.randrange(0, ROUND_SPAN_MS, 10) + 5,
+            }
+            for k in KEYS
+            for _ in range(rng.randint(per_key // 2, per_key))
+        ]
+        round_max = max([int(e["ts"]) for e in events] + ([max_seen] if max_seen else []))  # type: ignore[call-overload]
+        if max_seen is not None:
+            watermark, next_watermark = max_seen - DELAY_MS, round_max - DELAY_MS
+            late = 0
+            while late < 4:
+                ts = watermark - rng.randrange(0, 9_000, 10)
+                ends = _window_ends(spec, ts)
+                # Keep an event only if its fate does not hang on how the round is batched.
+                if all(end <= watermark or end > next_watermark for end in ends):
+                    events.append({"k": rng.choice(KEYS), "value": round(rng.uniform(0, 100), 2), "ts": ts})
+                    late += 1
+        rng.shuffle(events)
+        rounds.append(events)
+        max_seen = round_max
+    return rounds
+
+
+def oracle_for(spec: JobSpec, rounds: list[list[dict[str, object]]]) -> WindowOracle:
+    w = spec.window
+    common: dict[str, Any] = {"key_of": lambda e: str(e["k"]), "delay_ms": DELAY_MS}
+    if w.type == "session":
+        return oracle_windows(rounds, gap_ms=w.gap, **common)
+    return oracle_windows(rounds, size_ms=w.size, slide_ms=w.slide if w.type == "sliding" else 0, **common)
+
+
+def expected_aggregates(values: list[float]) -> dict[str, float | int | None]:
+    return {
+        "n": len(values),
+        "total": math.fsum(values),
+        "mean": math.fsum(values) / len(values),
+        "low": min(values),
+        "high": max(values),
+        "sd": statistics.stdev(values) if len(values) > 1 else None,
+        "sd_pop": statistics.pstdev(values),
+    }
+
+
+def assert_matches(got: WindowResult, values: list[float]) -> None:
+    want = expected_aggregates(values)
+    for name, value in want.items():
+        actual = got.aggregates[name]
+        if value is None or name in ("n", "low", "high"):
+            assert actual == value, (name, got, values)
+        else:
+            assert actual is not None and math.isclose(actual, value, rel_tol=1e-9, abs_tol=1e-9), (name, got)
+    allowed = math.ceil(len(values) / ACCURACY)
+    for q in (50, 95, 99):
+        pct = got.aggregates[f"value_p{q}"]
+        assert pct is not None and rank_error(values, pct, q) <= allowed, (q, pct, sorted(values))
+
+
+@dataclass
+class Case:
+    name: str
+    spec: JobSpec
+    rounds: list[list[dict[str, object]]]
+    query: StreamingQuery | None = None
+
+
+@pytest.fixture(scope="module")
+def ran_cases(spark: SparkSession, kafka_bootstrap: str, tmp_path_factory) -> dict[str, Case]:  # type: ignore[no-untyped-def]  # noqa: F811
+    unique = f"w{uuid.uuid4().hex[:8]}"
+    cases = {}
+    for i, (name, (window, emit)) in enumerate(CASES.items()):
+        spec = spec_for(f"{unique}-{name}", window, emit)
+        ensure_topics(kafka_bootstrap, [spec.source.valid_topic, spec.output_topic], partitions=2)
+        cases[name] = Case(name, spec, make_rounds(spec, seed=100 + i))
+    try:
+        for case in cases.values():
+            ckpt = str(tmp_path_factory.mktemp(case.name) / "ckpt")
+            case.query = start_query(spark, case.spec, kafka_bootstrap, ckpt, max_offsets=100_000, epoch=3)
+        for r in range(len(next(iter(cases.values())).rounds)):
+            for case in cases.values():
+                produce_keyed(
+                    kafka_bootstrap,
+                    case.spec.source.valid_topic,
+                    ((str(e["k"]).encode(), orjson.dumps(e)) for e in case.rounds[r]),
+                )
+            for case in cases.values():
+                assert case.query is not None
+                case.query.processAllAvailable()
+    finally:
+        for case in cases.values():
+            if case.query is not None:
+                case.query.stop()
+    return cases
+
+
+def read_results(bootstrap: str, topic: str) -> list[WindowResult]:
+    return [WindowResult.from_json(m.value()) for m in read_all(bootstrap, topic)]
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_windows_match_the_oracle(name: str, ran_cases: dict[str, Case], kafka_bootstrap: str) -> None:
+    case = ran_cases[name]
+    spec = case.spec
+    oracle = oracle_for(spec, case.rounds)
+    assert oracle.late_pairs > 0 and len(oracle.closed) >= 6, "the data must exercise late events and closes"
+    results = read_results(kafka_bootstrap, spec.output_topic)
+    assert results and all(r.job_id == spec.id for r in results)
+    # Every row is of this query's epoch; versions of one window grow strictly in topic order.
+    assert {split_version(r.version)[0] for r in results} == {3}
+    by_window: dict[tuple[str, int], list[WindowResult]] = {}
+    for r in results:
+        by_window.setdefault((r.key, r.window_start), []).append(r)
+    for rows in by_window.values():
+        versions = [r.version for r in rows]
+        assert versions == sorted(set(versions)), "one row per window per batch, versions growing"
+        assert len({r.window_end for r in rows}) == 1
+
+    if spec.emit == "on_window_close":
+        assert all(r.final for r in results)
+        assert all(len(rows) == 1 for rows in by_window.values()), "a closed window is emitted once"
+        assert set(by_window) == set(oracle.closed)
+    else:
+        assert not any(r.final for r in results)
+        assert set(by_window) == set(oracle.windows)
+    for wkey, rows in by_window.items():
+        window = oracle.windows[wkey]
+        latest = rows[-1]
+        assert latest.window_end == window.end
+        assert_matches(latest, [float(e["value"]) for e in window.events])  # type: ignore[arg-type]
+
+    assert case.query is not None
+    dropped = sum(
+        op["numRowsDroppedByWatermark"] for p in case.query.recentProgress for op in p["stateOperators"]
+    )
+    # Spark counts late rows after partial aggregation (one per window and key within a partition).
+    assert 0 < dropped <= oracle.late_pairs
