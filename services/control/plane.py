@@ -7,6 +7,7 @@ settings (gRPC port 0 picks a free port).
 from __future__ import annotations
 
 import logging
+import threading
 
 import redis
 
@@ -29,21 +30,32 @@ class ControlPlane:
         self.manager = JobManager(settings, self.jobs, self.instances, self.peers, clock=clock)
         self.grpc = ControlGrpcServer(self.manager, settings.grpc_host, settings.grpc_port)
         self.started = False
+        self._users = 0  # an app's lifespan may run more than once at a time (test clients)
+        self._lock = threading.Lock()
 
     @property
     def grpc_target(self) -> str:
         return f"{self.settings.grpc_host}:{self.grpc.port}"
 
     def start(self) -> None:
-        self.grpc.start()
-        self.manager.start()
-        self.started = True
+        with self._lock:
+            self._users += 1
+            if self._users > 1:
+                return
+            self.grpc.start()
+            self.manager.start()
+            self.started = True
 
     def stop(self) -> None:
-        if not self.started:
-            return
-        self.started = False
-        self.grpc.stop()
-        self.manager.stop()
-        self.peers.close()
-        self.redis.close()
+        """Stop once every start() has its stop()."""
+        with self._lock:
+            if self._users == 0:
+                return
+            self._users -= 1
+            if self._users > 0:
+                return
+            self.started = False
+            self.grpc.stop()
+            self.manager.stop()
+            self.peers.close()
+            self.redis.close()

@@ -1,0 +1,281 @@
+"""The gRPC Registry, the supervisor and shared.registry on the real Redis, with fake instances.
+
+Heartbeats stop -> the instance is lost -> its jobs go FAILING -> restarted (same job id, so the
+processor resumes from the job's checkpoint) when a processor registers -> RUNNING. Also: re-register
+after known=false, deregistration, processor-reported failures and the restart limit, stray copies,
+StreamConfig pushes to ingest and the sink, health probes, and control restarting on its own state.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+import pytest
+from fastapi.testclient import TestClient
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from services.control.lifecycle import JobState
+from services.control.plane import ControlPlane
+from shared import constants
+from shared.jobspec import JobSpec
+from shared.proto import streamforge_pb2 as pb
+from shared.proto import streamforge_pb2_grpc as pb_grpc
+from shared.registry import Registration, start_registration
+from shared.settings import BaseServiceSettings
+from tests.integration import test_control_fakes as fakes
+from tests.integration.test_control_fakes import (
+    FakeInstance,
+    FakeProcessor,
+    FakeStreamConsumer,
+    auth,
+    control_settings,
+    wait_until,
+)
+
+pytestmark = pytest.mark.integration
+
+control_redis_url, plane, api, instances = fakes.control_redis_url, fakes.plane, fakes.api, fakes.instances
+
+
+def job_spec(job_id: str) -> JobSpec:
+    return JobSpec.model_validate(
+        {
+            "id": job_id,
+            "source": {
+                "topic": f"{job_id}-raw",
+                "fields": {"page": "string", "ts": "timestamp"},
+                "key": ["page"],
+                "event_time": {"field": "ts"},
+            },
+            "window": {"type": "tumbling", "size": "5s"},
+        }
+    )
+
+
+def start(inst: FakeInstance, started: list[FakeInstance]) -> Any:
+    started.append(inst.start())
+    return inst
+
+
+def state(plane: ControlPlane, job_id: str) -> JobState:
+    job = plane.jobs.get(job_id)
+    assert job is not None
+    return job.state
+
+
+def health_of(plane: ControlPlane, instance_id: str) -> str:
+    inst = plane.instances.get(instance_id)
+    return inst.health if inst else "gone"
+
+
+def test_register_heartbeat_with_load_and_deregister(plane: ControlPlane) -> None:
+    reg = Registration(plane.grpc_target, "sink", grpc_port=1234, metrics_port=9103).start()
+    try:
+        wait_until(reg.registered.is_set, what="registration")
+        assert reg.interval_s == plane.settings.heartbeat_interval_ms / 1000
+        wait_until(lambda: reg.heartbeats_sent >= 2, what="two heartbeats")
+        inst = plane.instances.get(reg.instance_id)
+        assert inst is not None
+        assert (inst.service, inst.grpc_port, inst.metrics_port, inst.health) == ("sink", 1234, 9103, "alive")
+        assert inst.load["rss_bytes"] > 10_000_000  # this Python process, at least
+        assert inst.load["cpu_percent"] >= 0
+        assert reg.instance_id.startswith("sink-")
+    finally:
+        reg.stop()
+    assert plane.instances.get(reg.instance_id) is None  # deregistered: gone at once
+
+
+def test_heartbeat_of_an_unknown_instance_registers_again(plane: ControlPlane) -> None:
+    reg = Registration(plane.grpc_target, "ingest", grpc_port=1235).start()
+    try:
+        wait_until(reg.registered.is_set, what="registration")
+        plane.instances.delete(reg.instance_id)  # control forgot it (e.g. its store was wiped)
+        wait_until(lambda: plane.instances.get(reg.instance_id) is not None, what="re-registration")
+    finally:
+        reg.stop()
+
+
+def test_registry_refuses_a_bad_instance_and_serves_grpc_health(plane: ControlPlane) -> None:
+    with grpc.insecure_channel(plane.grpc_target) as channel:
+        stub = pb_grpc.RegistryStub(channel)
+        bad = pb.ServiceInstance(instance_id="x", service="database", grpc_port=1)
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Register(pb.RegisterRequest(instance=bad), timeout=5)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "not one of ingest, processor, sink" in (err.value.details() or "")
+        assert not stub.Heartbeat(pb.HeartbeatRequest(instance_id="nobody"), timeout=5).known
+        reply = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service="streamforge.v1.Registry"), timeout=5
+        )
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_registration_without_a_control_target_does_nothing() -> None:
+    reg = start_registration(BaseServiceSettings(control_grpc_target=""), "ingest", grpc_port=1)
+    assert not reg.enabled and not reg.registered.is_set()
+    reg.stop()
+
+
+def test_lost_processor_fails_its_job_and_a_new_processor_resumes_it(
+    plane: ControlPlane, instances: list[FakeInstance], unique: str
+) -> None:
+    first: FakeProcessor = start(FakeProcessor(plane.grpc_target), instances)
+    job = plane.manager.submit(job_spec(unique), wait_s=5)
+    assert (job.state, job.processor) == (JobState.RUNNING, first.instance_id)
+
+    first.crash()  # SIGKILL: no deregistration, heartbeats just stop
+    wait_until(lambda: state(plane, unique) == JobState.FAILING, what="FAILING after the timeout")
+    failing = plane.jobs.get(unique)
+    assert failing is not None
+    assert f"processor {first.instance_id} lost" in failing.message
+    assert "restarts from its checkpoint" in failing.message
+    assert failing.recoveries == 1
+    assert health_of(plane, first.instance_id) == "lost"
+
+    second: FakeProcessor = start(FakeProcessor(plane.grpc_target), instances)
+    wait_until(lambda: state(plane, unique) == JobState.RUNNING, what="RUNNING on the new processor")
+    restarted = plane.jobs.get(unique)
+    assert restarted is not None and restarted.processor == second.instance_id
+    (again,) = second.starts
+    assert again.job_id == unique and again.from_savepoint == ""  # same id: its own checkpoint
+    assert [t.state for t in restarted.history] == [
+        JobState.CREATED,
+        JobState.RUNNING,
+        JobState.FAILING,
+        JobState.RUNNING,
+    ]
+
+
+def test_paused_processor_comes_back_re_registers_and_runs_its_job_again(
+    plane: ControlPlane, instances: list[FakeInstance], unique: str
+) -> None:
+    p: FakeProcessor = start(FakeProcessor(plane.grpc_target), instances)
+    plane.manager.submit(job_spec(unique), wait_s=5)
+    p.pause_heartbeats()
+    wait_until(lambda: state(plane, unique) == JobState.FAILING, what="FAILING")
+    p.resume_heartbeats()  # same instance id: control says known=false, it registers again
+    wait_until(lambda: state(plane, unique) == JobState.RUNNING, what="RUNNING again")
+    assert health_of(plane, p.instance_id) == "alive"
+    assert [s.job_id for s in p.starts] == [unique, unique]
+
+
+def test_a_stray_copy_on_a_returning_processor_is_stopped(
+    plane: ControlPlane, instances: list[FakeInstance], unique: str
+) -> None:
+    old: FakeProcessor = start(FakeProcessor(plane.grpc_target), instances)
+    plane.manager.submit(job_spec(unique), wait_s=5)
+    old.pause_heartbeats()  # hung, but its query keeps running
+    wait_until(lambda: state(plane, unique) == JobState.FAILING, what="FAILING")
+    new: FakeProcessor = start(FakeProcessor(plane.grpc_target), instances)
+    wait_until(lambda: state(plane, unique) == JobState.RUNNING, what="RUNNING on the new processor")
+    old.resume_heartbeats()  # reports the job RUNNING: a second copy
+    wait_until(lambda: unique not in old.running, what="the stray copy to be stopped")
+    assert [s.job_id for s in old.stops] == [unique]
+    job = plane.jobs.get(unique)
+    assert job is not None and job.processor == new.instance_id and job.state == JobState.RUNNING
+
+
+def test_reported_failures_restart_the_job_until_the_limit(
+    control_redis_url: str, instances: list[FakeInstance], unique: str
+) -> None:
+    control = ControlPlane(control_settings(control_redis_url, max_restarts=2))
+    control.start()
+    try:
+        p: FakeProcessor = start(FakeProcessor(control.grpc_target), instances)
+        control.manager.submit(job_spec(unique), wait_s=5)
+        for attempt in (1, 2):
+            p.fail_job(unique, "java.lang.OutOfMemoryError")
+            wait_until(lambda n=attempt: len(p.starts) == n + 1, what=f"restart {attempt}")
+            wait_until(lambda: state(control, unique) == JobState.RUNNING, what="RUNNING after restart")
+        p.fail_job(unique, "java.lang.OutOfMemoryError")
+        wait_until(lambda: state(control, unique) == JobState.FAILED, what="FAILED after the limit")
+        job = control.jobs.get(unique)
+        assert job is not None and job.restarts == 2
+        assert "reports the job failed: java.lang.OutOfMemoryError; gave up after 2 restart(s)" in job.message
+    finally:
+        control.stop()
+
+
+def test_start_retries_while_the_processor_is_unavailable(
+    plane: ControlPlane, instances: list[FakeInstance], unique: str
+) -> None:
+    p: FakeProcessor = start(FakeProcessor(plane.grpc_target), instances)
+    p.unavailable = True
+    job = plane.manager.submit(job_spec(unique), wait_s=5)
+    assert job.state == JobState.CREATED
+    assert "StartJob on processor" in job.message and "UNAVAILABLE" in job.message
+    wait_until(lambda: len(p.starts) >= 2, what="a retry")
+    p.unavailable = False
+    wait_until(lambda: state(plane, unique) == JobState.RUNNING, what="RUNNING once it answers")
+
+
+def test_specs_of_active_jobs_are_pushed_to_ingest_and_sink(
+    plane: ControlPlane, instances: list[FakeInstance], unique: str
+) -> None:
+    ingest: FakeStreamConsumer = start(FakeStreamConsumer(plane.grpc_target, "ingest"), instances)
+    sink: FakeStreamConsumer = start(FakeStreamConsumer(plane.grpc_target, "sink"), instances)
+    older: FakeStreamConsumer = start(
+        FakeStreamConsumer(plane.grpc_target, "ingest", implemented=False), instances
+    )
+    wait_until(lambda: ingest.applied and sink.applied, what="the first push (no jobs yet)")
+    assert ingest.applied[-1] == []
+
+    plane.manager.submit(job_spec(unique))  # no processor: CREATED, still its stream is wanted
+    for consumer in (ingest, sink):
+        wait_until(lambda c=consumer: c.applied[-1] != [], what=f"{consumer.service} to get the spec")
+        (pushed,) = consumer.applied[-1]
+        assert JobSpec.model_validate_json(pushed) == job_spec(unique)
+    plane.manager.cancel(unique)
+    wait_until(lambda: ingest.applied[-1] == [], what="the canceled job's stream to be withdrawn")
+
+    old = plane.instances.get(older.instance_id)
+    assert old is not None and old.health == "alive" and "UNIMPLEMENTED" in old.streams_error
+
+
+def test_control_restarts_on_its_own_state(
+    control_redis_url: str, instances: list[FakeInstance], unique: str
+) -> None:
+    first = ControlPlane(control_settings(control_redis_url, grpc_port=0))
+    first.start()
+    p: FakeProcessor = start(FakeProcessor(first.grpc_target), instances)
+    first.manager.submit(job_spec(unique), wait_s=5)
+    before = first.jobs.get(unique)
+    first.stop()
+    # The new control listens where the old one did, so the instances find it again.
+    second = ControlPlane(control_settings(control_redis_url, grpc_port=first.grpc.port))
+    second.start()
+    try:
+        after = second.jobs.get(unique)
+        assert after == before and after is not None and after.state == JobState.RUNNING
+        beats = p.registration.heartbeats_sent if p.registration else 0
+        wait_until(
+            lambda: p.registration is not None and p.registration.heartbeats_sent > beats + 3,
+            what="heartbeats to the new control",
+        )
+        assert health_of(second, p.instance_id) == "alive"
+        assert state(second, unique) == JobState.RUNNING
+        assert len(p.starts) == 1  # nothing was restarted
+    finally:
+        second.stop()
+
+
+def test_redis_layout_is_the_documented_one(plane: ControlPlane, unique: str) -> None:
+    plane.manager.submit(job_spec(unique))
+    r = plane.redis
+    assert r.zscore(constants.REDIS_CONTROL_JOBS, unique) is not None
+    assert r.type(constants.redis_control_job_key(unique)) == b"string"
+
+
+def test_services_endpoint_shows_lost_instances(
+    api: TestClient, plane: ControlPlane, instances: list[FakeInstance]
+) -> None:
+    p: FakeProcessor = start(FakeProcessor(plane.grpc_target), instances)
+    p.crash()
+
+    def row() -> dict[str, Any]:
+        rows = api.get("/services", headers=auth()).json()["services"]
+        return next(r for r in rows if r["instance_id"] == p.instance_id)
+
+    wait_until(lambda: row()["health"] == "lost", what="lost in /services")
+    assert row()["heartbeat_age_ms"] > plane.settings.heartbeat_timeout_ms
