@@ -1,0 +1,292 @@
+"""What the dashboard shows: per-job numbers scraped from the services' /metrics, and the latest windows.
+
+Throughput and latency are rates over the interval between two scrapes (the counters and histograms
+are cumulative), so the sources object keeps the previous scrape; one dashboard, one history.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import redis
+from prometheus_client.parser import text_string_to_metric_families
+
+from services.control.results import read_results
+from shared import constants
+
+# Interval rates need two scrapes at least this far apart; closer polls reuse the last rates.
+MIN_RATE_INTERVAL_S = 0.5
+_GAUGES = {
+    "watermark_lag_ms": "watermark_lag_ms",
+    "consumer_lag_records": "consumer_lag_records",
+    "state_size_bytes": "state_size_bytes",
+    "sink_write_reduction_ratio": "write_reduction_ratio",
+}
+_COUNTERS = {
+    "records_processed_total": "records_total",
+    "late_events_total": "late_events_total",
+    "dlq_events_total": "dlq_events_total",
+}
+
+
+@dataclass
+class _Series:
+    """One (service, job): cumulative values of the last scrape and the rates derived from them."""
+
+    at: float = 0.0
+    records_total: float = 0.0
+    latency_sum: float = 0.0
+    latency_count: float = 0.0
+    buckets: dict[float, float] = field(default_factory=dict)
+    throughput_rps: float = 0.0
+    latency_avg_s: float | None = None
+    latency_p95_s: float | None = None
+
+
+@dataclass
+class DashboardSources:
+    """Where the numbers come from. ``metrics_urls`` is called on every refresh (service -> URL), so a
+    registry can supply the live instances; a plain dict is taken as is."""
+
+    metrics_urls: Callable[[], Mapping[str, str]] | Mapping[str, str]
+    redis: redis.Redis
+    jobs: tuple[str, ...] = ()  # jobs to show even before they have numbers (others are discovered)
+    # Metric `job` labels that name a job differently (ingest labels by raw topic): label -> job id.
+    aliases: Mapping[str, str] = field(default_factory=dict)
+    windows: int = 12  # latest windows per job in the chart
+    max_keys: int = 8  # keys drawn in the chart; the rest are summed into "(other)"
+    scrape_timeout_s: float = 1.5
+    _history: dict[tuple[str, str], _Series] = field(default_factory=dict, init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+
+    def urls(self) -> dict[str, str]:
+        source = self.metrics_urls() if callable(self.metrics_urls) else self.metrics_urls
+        return dict(source)
+
+
+def quantile_from_buckets(buckets: Mapping[float, float], q: float) -> float | None:
+    """The q-quantile of a cumulative histogram (upper bound -> count), interpolated like PromQL's."""
+    bounds = sorted(buckets)
+    if not bounds:
+        return None
+    total = buckets[bounds[-1]]
+    if total <= 0:
+        return None
+    rank = q * total
+    prev_bound, prev_count = 0.0, 0.0
+    for bound in bounds:
+        count = buckets[bound]
+        if count >= rank:
+            if math.isinf(bound):  # in the open-ended bucket: the highest finite bound is all we know
+                return prev_bound
+            width = count - prev_count
+            return prev_bound + (bound - prev_bound) * ((rank - prev_count) / width if width else 1.0)
+        prev_bound, prev_count = bound, count
+    return prev_bound
+
+
+def _parse(text: str, service: str) -> dict[tuple[str, str], dict[str, Any]]:
+    """Per (service, job): counters, gauges and the latency histogram of one exposition text.
+
+    A sample without a `service` label (e.g. the sink's own metrics) belongs to the scraped `service`.
+    """
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            name, labels = s.name, s.labels
+            if "job" not in labels:
+                continue
+            entry = out.setdefault((labels.get("service", service), labels["job"]), {"buckets": {}})
+            if name in _COUNTERS:
+                field_name = _COUNTERS[name]
+                entry[field_name] = entry.get(field_name, 0.0) + s.value  # summed over other labels
+            elif name in _GAUGES:
+                field_name = _GAUGES[name]
+                entry[field_name] = max(entry.get(field_name, s.value), s.value)
+            elif name == "processing_latency_seconds_bucket":
+                bound = float(labels["le"])
+                entry["buckets"][bound] = entry["buckets"].get(bound, 0.0) + s.value
+            elif name == "processing_latency_seconds_sum":
+                entry["latency_sum"] = entry.get("latency_sum", 0.0) + s.value
+            elif name == "processing_latency_seconds_count":
+                entry["latency_count"] = entry.get("latency_count", 0.0) + s.value
+    return out
+
+
+async def _scrape_all(urls: Mapping[str, str], timeout_s: float) -> dict[str, str | Exception]:
+    async with httpx.AsyncClient(timeout=timeout_s) as client:
+
+        async def one(url: str) -> str | Exception:
+            try:
+                resp = await client.get(url)
+                resp.raise_for_status()
+                return resp.text
+            except httpx.HTTPError as e:
+                return e
+
+        texts = await asyncio.gather(*(one(u) for u in urls.values()))
+    return dict(zip(urls, texts, strict=True))
+
+
+def _update(series: _Series, now: float, values: Mapping[str, Any]) -> None:
+    """Fold one scrape into the series: new cumulative values, and rates when enough time passed."""
+    records = float(values.get("records_total", 0.0))
+    lat_sum = float(values.get("latency_sum", 0.0))
+    lat_count = float(values.get("latency_count", 0.0))
+    buckets: dict[float, float] = dict(values.get("buckets", {}))
+    first = series.at == 0.0
+    if not first and now - series.at < MIN_RATE_INTERVAL_S:
+        return
+    if first:
+        # No interval yet: lifetime latency is the best first guess; throughput needs two scrapes.
+        if lat_count:
+            series.latency_avg_s = lat_sum / lat_count
+            series.latency_p95_s = quantile_from_buckets(buckets, 0.95)
+    else:
+        restarted = records < series.records_total  # a service restart resets its counters
+        delta = records if restarted else records - series.records_total
+        series.throughput_rps = max(0.0, delta / (now - series.at))
+        d_count = lat_count if restarted else lat_count - series.latency_count
+        if d_count > 0:
+            d_sum = lat_sum if restarted else lat_sum - series.latency_sum
+            series.latency_avg_s = d_sum / d_count
+            d_buckets = {
+                b: c - (0.0 if restarted else series.buckets.get(b, 0.0)) for b, c in buckets.items()
+            }
+            series.latency_p95_s = quantile_from_buckets(d_buckets, 0.95)
+    series.at, series.records_total = now, records
+    series.latency_sum, series.latency_count, series.buckets = lat_sum, lat_count, buckets
+
+
+def _submitted_job_ids(client: redis.Redis) -> set[str]:
+    """Jobs in control's job store (jobs started from spec files show up through their metrics)."""
+    members: list[bytes] = client.zrange(constants.REDIS_CONTROL_JOBS, 0, -1)  # type: ignore[assignment]
+    return {_text(j) for j in members}
+
+
+def latest_windows(client: redis.Redis, job_id: str, windows: int, max_keys: int) -> dict[str, Any]:
+    """The job's latest `windows` window starts, one series per key (top `max_keys` by total)."""
+    keys = sorted(_text(k) for k in client.smembers(constants.redis_job_keys_key(job_id)))
+    pipe = client.pipeline(transaction=False)
+    for k in keys:
+        pipe.zrevrange(constants.redis_window_index_key(job_id, k), 0, windows - 1)
+    starts = sorted({int(s) for per_key in pipe.execute() for s in per_key})[-windows:]
+    empty: dict[str, Any] = {"aggregate": None, "window_starts": [], "window_size_ms": None, "series": []}
+    if not starts:
+        return empty
+    rows = read_results(client, job_id, start_ms=starts[0], limit=windows * max(1, len(keys)))
+    rows = [r for r in rows if r["window_start"] in set(starts)]
+    aggregate = next(
+        (name for r in rows for name, v in sorted(r["aggregates"].items()) if isinstance(v, int | float)),
+        None,
+    )
+    if aggregate is None:
+        return empty
+    values: dict[str, dict[int, float]] = {}
+    for r in rows:
+        v = r["aggregates"].get(aggregate)
+        if isinstance(v, int | float):
+            values.setdefault(r["key"], {})[r["window_start"]] = float(v)
+    ranked = sorted(values, key=lambda k: (-sum(values[k].values()), k))
+    shown, rest = ranked[:max_keys], ranked[max_keys:]
+    series = [{"key": k, "values": [values[k].get(s) for s in starts]} for k in shown]
+    if rest:
+        other = [sum(values[k].get(s, 0.0) for k in rest) for s in starts]
+        series.append({"key": f"(other {len(rest)})", "values": other})
+    size = rows[0]["window_end"] - rows[0]["window_start"] if rows else None
+    return {"aggregate": aggregate, "window_starts": starts, "window_size_ms": size, "series": series}
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+async def collect(sources: DashboardSources, now: float | None = None) -> dict[str, Any]:
+    """The JSON of GET /dashboard/data."""
+    urls = sources.urls()
+    texts = await _scrape_all(urls, sources.scrape_timeout_s)
+    now = time.monotonic() if now is None else now
+    status: dict[str, dict[str, Any]] = {}
+    per_job: dict[str, dict[str, dict[str, Any]]] = {}
+    with sources._lock:
+        for service, text in texts.items():
+            if isinstance(text, Exception):
+                status[service] = {
+                    "url": urls[service],
+                    "ok": False,
+                    "error": f"{type(text).__name__}: {text}",
+                }
+                continue
+            try:
+                parsed = _parse(text, service)
+            except ValueError as e:  # not exposition format: say so, keep the other sources
+                status[service] = {"url": urls[service], "ok": False, "error": f"unparsable metrics: {e}"}
+                continue
+            status[service] = {"url": urls[service], "ok": True, "error": None}
+            for (svc, label), values in parsed.items():
+                job = sources.aliases.get(label, label)
+                if not job:
+                    continue
+                series = sources._history.setdefault((svc, label), _Series())
+                _update(series, now, values)
+                row = {
+                    "records_total": series.records_total,
+                    "throughput_rps": round(series.throughput_rps, 3),
+                    "latency_avg_s": series.latency_avg_s,
+                    "latency_p95_s": series.latency_p95_s,
+                }
+                for name in (*_GAUGES.values(), "late_events_total", "dlq_events_total"):
+                    if name in values:
+                        row[name] = values[name]
+                per_job.setdefault(job, {})[svc] = row
+
+    redis_error = None
+    windows: dict[str, Any] = {}
+    try:
+        job_ids = (
+            set(per_job) | set(sources.jobs) | await asyncio.to_thread(_submitted_job_ids, sources.redis)
+        )
+        for job in sorted(job_ids):
+            windows[job] = await asyncio.to_thread(
+                latest_windows, sources.redis, job, sources.windows, sources.max_keys
+            )
+    except redis.RedisError as e:
+        redis_error = f"{type(e).__name__}: {e}"
+        job_ids = set(per_job) | set(sources.jobs)
+
+    jobs = []
+    for job in sorted(job_ids):
+        services = per_job.get(job, {})
+        jobs.append(
+            {
+                "job": job,
+                # The busiest stage, the slowest stage, the largest lag: each stage sees the same records.
+                "throughput_rps": max((s["throughput_rps"] for s in services.values()), default=0.0),
+                "latency_p95_s": _max(s.get("latency_p95_s") for s in services.values()),
+                "watermark_lag_ms": _max(s.get("watermark_lag_ms") for s in services.values()),
+                "records_total": max((s["records_total"] for s in services.values()), default=0.0),
+                "dlq_events_total": sum(s.get("dlq_events_total", 0.0) for s in services.values()),
+                "late_events_total": sum(s.get("late_events_total", 0.0) for s in services.values()),
+                "services": services,
+                "windows": windows.get(job),
+            }
+        )
+    return {
+        "generated_at_ms": int(time.time() * 1000),
+        "sources": status,
+        "redis": {"ok": redis_error is None, "error": redis_error},
+        "jobs": jobs,
+    }
+
+
+def _max(values: Any) -> float | None:
+    present = [v for v in values if v is not None]
+    return max(present) if present else None

@@ -1,0 +1,56 @@
+"""GET /dashboard (one self-contained page) and GET /dashboard/data (the JSON it polls)."""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import redis
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse
+
+from services.control.dashboard.data import DashboardSources, collect
+from services.control.dashboard.settings import DashboardSettings
+
+PAGE = Path(__file__).with_name("static") / "index.html"
+
+router = APIRouter(tags=["dashboard"])
+
+
+@cache
+def _page() -> str:
+    return PAGE.read_text(encoding="utf-8")
+
+
+def sources_of(request: Request) -> DashboardSources:
+    """``app.state.dashboard_sources`` if the app set one (e.g. fed by the registry), else built once
+    from DashboardSettings (SF_DASHBOARD_*, SF_REDIS_URL)."""
+    state = request.app.state
+    sources: DashboardSources | None = getattr(state, "dashboard_sources", None)
+    if sources is None:
+        s = DashboardSettings()
+        sources = DashboardSources(
+            metrics_urls=s.metrics_urls,
+            redis=redis.Redis.from_url(s.redis_url, socket_timeout=2, socket_connect_timeout=2),
+            jobs=tuple(s.jobs),
+            aliases=s.aliases,
+            windows=s.windows,
+            max_keys=s.max_keys,
+            scrape_timeout_s=s.scrape_timeout_s,
+        )
+        state.dashboard_sources = sources
+    return sources
+
+
+@router.get("/dashboard", response_class=HTMLResponse, include_in_schema=False)
+def dashboard_page() -> HTMLResponse:
+    """The live dashboard: throughput, latency and watermark lag per job, and the latest windows."""
+    return HTMLResponse(_page(), headers={"Cache-Control": "no-store"})
+
+
+@router.get("/dashboard/data")
+async def dashboard_data(request: Request) -> dict[str, Any]:
+    """Per job: throughput (rows/s), p95 processing latency, watermark lag, totals, per-service rows,
+    and the latest windows of the job's first numeric aggregate, one series per key."""
+    return await collect(sources_of(request))
