@@ -185,30 +185,41 @@ class JobManager:
 
     def _apply_reports(self, processor: InstanceRecord, reported: list[pb.JobStatus], now: int) -> None:
         by_id = {s.job_id: s for s in reported}
+        alive = self._alive_ids()
         for job in self.jobs.list():
             status = by_id.get(job.id)
             placed_here = job.processor == processor.instance_id
             settled = now - max(job.placed_at_ms, processor.registered_at_ms) > self._grace_ms()
             if status is None:
                 if placed_here and job.state == JobState.RUNNING and settled:
-                    self._move(
-                        job.id,
-                        JobState.FAILING,
-                        f"processor {processor.instance_id} no longer runs the job; restarting it",
-                        only_from={JobState.RUNNING},
-                        processor=processor.instance_id,
-                    )
+                    self._restart(job.id, f"processor {processor.instance_id} no longer runs the job")
                 continue
             state = JobState.from_proto(status.state)
-            if (not placed_here or job.state.is_final) and state == JobState.RUNNING and settled:
-                # Placed elsewhere since (e.g. this processor was lost and came back) or ended: a second
-                # copy would write the same checkpoint and results.
-                self._schedule(
-                    "stray", f"{job.id}@{processor.instance_id}", self._stop_stray, job.id, processor
-                )
-                continue
             if placed_here:
                 self._reconcile_report(job, state, status, now, settled)
+            elif state != JobState.RUNNING:
+                continue
+            elif job.state in (JobState.CREATED, JobState.FAILING) and job.processor not in alive:
+                # A processor that restarted resumes its jobs by itself: adopt the copy it runs.
+                self._adopt(job.id, processor.instance_id, now)
+            elif settled and (job.state.is_final or job.processor in alive):
+                # Ended, or placed on another live processor since (this one was lost and came back):
+                # a second copy would write the same checkpoint and results.
+                key = f"{job.id}@{processor.instance_id}"
+                self._schedule("stray", key, self._stop_stray, job.id, processor)
+
+    def _adopt(self, job_id: str, processor_id: str, now: int) -> None:
+        def adopt(j: JobRecord) -> JobRecord | None:
+            if j.state not in (JobState.CREATED, JobState.FAILING) or j.processor in self._alive_ids():
+                return None
+            moved = self._moved(
+                j, JobState.RUNNING, f"running on processor {processor_id} (it resumed the job)"
+            )
+            return moved.model_copy(
+                update={"processor": processor_id, "placed_at_ms": now, "needs_start": False}
+            )
+
+        self.jobs.update(job_id, adopt)
 
     def _reconcile_report(
         self, job: JobRecord, state: JobState | None, status: pb.JobStatus, now: int, settled: bool
@@ -226,41 +237,61 @@ class JobManager:
             )
         if state == JobState.RUNNING:
             if job.state in (JobState.CREATED, JobState.FAILING):
-                self._move(job.id, JobState.RUNNING, f"running on {who}", only_from={job.state})
+                self._move(
+                    job.id, JobState.RUNNING, f"running on {who}", only_from={job.state}, needs_start=False
+                )
             return
         if not settled:
             return
+        reason = status.message or "no reason given"
         if job.state == JobState.CANCELLING and state in (
             JobState.CANCELED,
             JobState.FINISHED,
             JobState.FAILED,
         ):
             self._finish_stop(job.id, status.savepoint_path, f"{who} reports the job {state}")
-        elif job.state in (JobState.RUNNING, JobState.CREATED) and state in (
-            JobState.FAILED,
-            JobState.FAILING,
-        ):
-            self._count_failure(
-                job.id, f"{who} reports the job failed: {status.message or 'no reason given'}"
-            )
-        elif job.state == JobState.RUNNING:
+        elif state == JobState.FAILING and job.state in (JobState.RUNNING, JobState.CREATED):
+            # The processor restarts the query from its checkpoint itself: follow, do not interfere.
             self._move(
-                job.id,
-                JobState.FAILING,
-                f"{who} reports the job {state or 'UNSPECIFIED'}, not RUNNING; restarting it",
-                only_from={JobState.RUNNING},
+                job.id, JobState.FAILING, f"{who} is restarting the job: {reason}", only_from={job.state}
             )
+        elif state == JobState.FAILED and job.state in (JobState.RUNNING, JobState.CREATED, JobState.FAILING):
+            if not job.needs_start:  # else: a restart is already on its way
+                self._count_failure(job.id, f"{who} gave up on the job: {reason}")
+        elif job.state == JobState.RUNNING:
+            self._restart(job.id, f"{who} reports the job {state or 'UNSPECIFIED'}, not RUNNING")
+
+    def _restart(self, job_id: str, why: str) -> None:
+        """The job should run but does not: FAILING, started again (same id: from its checkpoint)."""
+
+        def restart(j: JobRecord) -> JobRecord | None:
+            if j.state not in (JobState.RUNNING, JobState.FAILING) or (
+                j.state == JobState.FAILING and j.needs_start
+            ):
+                return None
+            moved = (
+                j
+                if j.state == JobState.FAILING
+                else self._moved(j, JobState.FAILING, f"{why}; restarting it")
+            )
+            return moved.model_copy(update={"needs_start": True, "message": f"{why}; restarting it"})
+
+        self.jobs.update(job_id, restart)
+        self.wake()
 
     def _count_failure(self, job_id: str, why: str) -> None:
         limit = self.settings.max_restarts
 
         def fail(j: JobRecord) -> JobRecord | None:
-            if j.state not in (JobState.RUNNING, JobState.CREATED):
+            if j.state not in (JobState.RUNNING, JobState.CREATED, JobState.FAILING) or j.needs_start:
                 return None
             if j.restarts >= limit:
-                return self._moved(j, JobState.FAILED, f"{why}; gave up after {limit} restart(s)")
-            moved = self._moved(j, JobState.FAILING, f"{why}; restart {j.restarts + 1} of {limit}")
-            return moved.model_copy(update={"restarts": j.restarts + 1})
+                return self._moved(j, JobState.FAILED, f"{why}; control gave up after {limit} restart(s)")
+            message = f"{why}; restart {j.restarts + 1} of {limit}"
+            moved = j if j.state == JobState.FAILING else self._moved(j, JobState.FAILING, message)
+            return moved.model_copy(
+                update={"restarts": j.restarts + 1, "needs_start": True, "message": message}
+            )
 
         self.jobs.update(job_id, fail)
         self.wake()
@@ -350,9 +381,10 @@ class JobManager:
         self._export_gauges(jobs, live)
         has_processor = any(i.service == "processor" for i in live.values())
         for job in jobs:
-            if job.state == JobState.RUNNING and job.processor not in live:
+            if job.state in (JobState.RUNNING, JobState.FAILING) and job.processor not in live:
                 job = self._lose(job.id) or job
-            if job.state in (JobState.CREATED, JobState.FAILING) and has_processor:
+            wants_start = job.state == JobState.CREATED or (job.state == JobState.FAILING and job.needs_start)
+            if wants_start and has_processor:
                 scheduled.append(self._schedule("start", job.id, self._start_job, job.id))
             elif job.state == JobState.CANCELLING:
                 scheduled.append(self._schedule("stop", job.id, self._stop_job, job.id))
@@ -373,18 +405,20 @@ class JobManager:
         return scheduled
 
     def _lose(self, job_id: str) -> JobRecord | None:
-        """The processor holding a RUNNING job is gone: FAILING, restarted when a processor is there."""
+        """The processor holding the job is gone: FAILING, restarted when a processor is there."""
 
         def lose(j: JobRecord) -> JobRecord | None:
-            if j.state != JobState.RUNNING:
+            if j.state not in (JobState.RUNNING, JobState.FAILING) or j.needs_start:
                 return None
             why = (
                 f"processor {j.processor or '-'} lost (no heartbeat for over "
                 f"{self.settings.heartbeat_timeout_ms} ms); the job restarts from its checkpoint when a "
                 "processor is available"
             )
-            moved = self._moved(j, JobState.FAILING, why)
-            return moved.model_copy(update={"recoveries": j.recoveries + 1, "next_attempt_ms": 0})
+            moved = j if j.state == JobState.FAILING else self._moved(j, JobState.FAILING, why)
+            return moved.model_copy(
+                update={"recoveries": j.recoveries + 1, "needs_start": True, "message": why}
+            )
 
         return self.jobs.update(job_id, lose)
 
@@ -455,7 +489,9 @@ class JobManager:
     def _start_job(self, job_id: str) -> None:
         with self._job_lock(job_id):
             job = self.jobs.get(job_id)
-            if job is None or job.state not in (JobState.CREATED, JobState.FAILING) or self._backing_off(job):
+            if job is None or self._backing_off(job):
+                return
+            if not (job.state == JobState.CREATED or (job.state == JobState.FAILING and job.needs_start)):
                 return
             processors = self._live_processors()
             if not processors:
@@ -490,7 +526,13 @@ class JobManager:
             state = JobState.from_proto(status.state)
             where = f"processor {processor.instance_id}"
             if state == JobState.RUNNING:
-                self._move(job_id, JobState.RUNNING, f"running on {where}", only_from={placed.state})
+                self._move(
+                    job_id,
+                    JobState.RUNNING,
+                    f"running on {where}",
+                    only_from={placed.state},
+                    needs_start=False,
+                )
             elif state in (JobState.FAILED, JobState.FAILING):
                 self._move(
                     job_id,
@@ -510,6 +552,7 @@ class JobManager:
                 JobState.RUNNING,
                 f"running on {where} (it already ran the job)",
                 only_from={JobState.CREATED, JobState.FAILING},
+                needs_start=False,
             )
         elif code in TRANSIENT_CODES:
             log.warning("StartJob %s on %s: %s", job_id, processor.instance_id, describe(error))

@@ -43,6 +43,9 @@ class JobRecord(BaseModel):
     savepoint_requested: bool = False
     savepoint_dir: str = ""
     savepoint_path: str = ""
+    # FAILING because control must start it again (processor lost or gave up), not because the
+    # processor is restarting it by itself.
+    needs_start: bool = False
     # No start or stop is retried before this time (set after a failed or still-pending attempt).
     next_attempt_ms: int = 0
     restarts: int = 0  # failures a processor reported, counted against max_restarts

@@ -132,6 +132,7 @@ class FakeProcessor(FakeInstance, pb_grpc.JobCommandsServicer):
         self.reject_with = ""  # StartJob answers INVALID_ARGUMENT with this message
         self.unavailable = False  # StartJob / StopJob answer UNAVAILABLE
         self.failed: dict[str, str] = {}  # job -> message: reported FAILED in heartbeats
+        self.restarting: dict[str, str] = {}  # job -> message: reported FAILING (restarting itself)
         self.batch_id = 0
         self._lock = threading.Lock()
         super().__init__(control_target, instance_id)
@@ -153,13 +154,35 @@ class FakeProcessor(FakeInstance, pb_grpc.JobCommandsServicer):
             out += [
                 pb.JobStatus(job_id=j, state=pb.JOB_STATE_FAILED, message=m) for j, m in self.failed.items()
             ]
+            out += [
+                pb.JobStatus(job_id=j, state=pb.JOB_STATE_FAILING, message=m)
+                for j, m in self.restarting.items()
+            ]
             return out
 
     def fail_job(self, job_id: str, message: str) -> None:
-        """The job's query dies (as a Spark query that throws): reported FAILED from now on."""
+        """The job's query died and the processor gave up on it: reported FAILED from now on."""
         with self._lock:
             self.running.pop(job_id, None)
             self.failed[job_id] = message
+
+    def restart_job(self, job_id: str, message: str) -> None:
+        """The job's query died and the processor restarts it by itself: FAILING, then RUNNING."""
+        with self._lock:
+            request = self.running.pop(job_id)
+            self.restarting[job_id] = message
+        self._restarted = (job_id, request)
+
+    def finish_restart(self) -> None:
+        job_id, request = self._restarted
+        with self._lock:
+            self.restarting.pop(job_id)
+            self.running[job_id] = request
+
+    def adopt(self, request: pb.StartJobRequest) -> None:
+        """Run a job without being told to (the real processor resumes its jobs after a restart)."""
+        with self._lock:
+            self.running[request.job_id] = request
 
     def StartJob(self, request: pb.StartJobRequest, context: grpc.ServicerContext) -> pb.JobStatus:
         self.starts.append(request)
@@ -168,6 +191,9 @@ class FakeProcessor(FakeInstance, pb_grpc.JobCommandsServicer):
         if self.reject_with:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, self.reject_with)
         with self._lock:
+            if request.job_id in self.running or request.job_id in self.restarting:
+                # As the real processor: an active job is not started twice.
+                context.abort(grpc.StatusCode.ALREADY_EXISTS, f"job {request.job_id} is already RUNNING")
             self.failed.pop(request.job_id, None)
             self.running[request.job_id] = request
         return pb.JobStatus(job_id=request.job_id, state=pb.JOB_STATE_RUNNING)

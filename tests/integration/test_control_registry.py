@@ -157,7 +157,9 @@ def test_paused_processor_comes_back_re_registers_and_runs_its_job_again(
     p.resume_heartbeats()  # same instance id: control says known=false, it registers again
     wait_until(lambda: state(plane, unique) == JobState.RUNNING, what="RUNNING again")
     assert health_of(plane, p.instance_id) == "alive"
-    assert [s.job_id for s in p.starts] == [unique, unique]
+    assert unique in p.running  # one copy: a second StartJob would have been ALREADY_EXISTS
+    job = plane.jobs.get(unique)
+    assert job is not None and job.processor == p.instance_id and job.recoveries == 1
 
 
 def test_a_stray_copy_on_a_returning_processor_is_stopped(
@@ -192,9 +194,46 @@ def test_reported_failures_restart_the_job_until_the_limit(
         wait_until(lambda: state(control, unique) == JobState.FAILED, what="FAILED after the limit")
         job = control.jobs.get(unique)
         assert job is not None and job.restarts == 2
-        assert "reports the job failed: java.lang.OutOfMemoryError; gave up after 2 restart(s)" in job.message
+        assert (
+            "gave up on the job: java.lang.OutOfMemoryError; control gave up after 2 restart(s)"
+            in job.message
+        )
     finally:
         control.stop()
+
+
+def test_a_processor_restarting_a_job_itself_is_followed_not_interfered_with(
+    plane: ControlPlane, instances: list[FakeInstance], unique: str
+) -> None:
+    p: FakeProcessor = start(FakeProcessor(plane.grpc_target), instances)
+    plane.manager.submit(job_spec(unique), wait_s=5)
+    p.restart_job(unique, "Kafka broker went away")
+    wait_until(lambda: state(plane, unique) == JobState.FAILING, what="FAILING while it restarts")
+    job = plane.jobs.get(unique)
+    assert job is not None and "is restarting the job: Kafka broker went away" in job.message
+    p.finish_restart()
+    wait_until(lambda: state(plane, unique) == JobState.RUNNING, what="RUNNING after its own restart")
+    assert len(p.starts) == 1  # control never sent a second StartJob
+    job = plane.jobs.get(unique)
+    assert job is not None and job.restarts == 0
+
+
+def test_a_restarted_processor_that_resumed_its_jobs_gets_them_adopted(
+    plane: ControlPlane, instances: list[FakeInstance], unique: str
+) -> None:
+    old: FakeProcessor = start(FakeProcessor(plane.grpc_target), instances)
+    plane.manager.submit(job_spec(unique), wait_s=5)
+    (request,) = old.starts
+    old.crash()
+    wait_until(lambda: state(plane, unique) == JobState.FAILING, what="FAILING")
+    new = FakeProcessor(plane.grpc_target)
+    new.adopt(request)  # resumed from its own job store before registering
+    start(new, instances)
+    wait_until(lambda: state(plane, unique) == JobState.RUNNING, what="RUNNING on the restarted processor")
+    job = plane.jobs.get(unique)
+    assert job is not None and job.processor == new.instance_id
+    assert not new.stops  # adopted, never stopped as a stray
+    assert list(new.running) == [unique]
 
 
 def test_start_retries_while_the_processor_is_unavailable(
