@@ -24,7 +24,7 @@ import uvicorn
 from confluent_kafka import KafkaError, Message, Producer
 from fastapi import Depends, FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse, ORJSONResponse
+from fastapi.responses import JSONResponse
 
 from services.ingest.app import Ingest
 from services.ingest.errors import IngestError
@@ -205,11 +205,11 @@ GatewayDep = Annotated[HttpIngest, Depends(get_gateway)]
 
 
 def _error(status: int, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return ORJSONResponse(status_code=status, content={"detail": detail}, headers=headers)
+    return JSONResponse(status_code=status, content={"detail": detail}, headers=headers)
 
 
 def create_app(gateway: HttpIngest) -> FastAPI:
-    app = FastAPI(title="StreamForge ingest", version="0.1.0", default_response_class=ORJSONResponse)
+    app = FastAPI(title="StreamForge ingest", version="0.1.0")
     app.state.gateway = gateway
     settings = gateway.settings
 
@@ -223,7 +223,7 @@ def create_app(gateway: HttpIngest) -> FastAPI:
         """Ready: the Kafka loop runs and the broker answers a metadata request."""
         checks = {"loop": gw.ingest.running.is_set(), "kafka": check_metadata(settings.kafka_bootstrap)}
         ready = all(checks.values())
-        return ORJSONResponse(status_code=200 if ready else 503, content={"ready": ready, "checks": checks})
+        return JSONResponse(status_code=200 if ready else 503, content={"ready": ready, "checks": checks})
 
     @app.get("/v1/streams", tags=["streams"])
     def list_streams(gw: GatewayDep) -> list[dict[str, Any]]:
@@ -235,7 +235,7 @@ def create_app(gateway: HttpIngest) -> FastAPI:
         """The stream's current watermark and its lag behind processing time, per partition too."""
         if gw.stream(topic) is None:
             return _error(404, f"no stream is defined for topic {topic!r}")
-        return ORJSONResponse(gw.ingest.watermark_info(topic))
+        return JSONResponse(gw.ingest.watermark_info(topic))
 
     @app.post(
         "/v1/streams/{topic}/events",
@@ -282,7 +282,7 @@ def create_app(gateway: HttpIngest) -> FastAPI:
             return _error(429, f"{why}; retry later", retry_after)
         outcome = await run_in_threadpool(gw.publish, stream, docs)
         headers = retry_after if outcome.status_code in (429, 503) else None
-        return ORJSONResponse(status_code=outcome.status_code, content=outcome.body, headers=headers)
+        return JSONResponse(status_code=outcome.status_code, content=outcome.body, headers=headers)
 
     return app
 
