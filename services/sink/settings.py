@@ -20,7 +20,7 @@ class SinkSettings(BaseServiceSettings):
     # offsets are committed; in between, cache_max_bytes_buffering (0: no cache, every update is
     # written) bounds the dirty entries, and the least recently updated ones are written to make room.
     commit_interval_ms: int = Field(1_000, ge=1)
-    cache_max_bytes_buffering: int = Field(10 * 1024 * 1024, ge=0)
+    cache_max_bytes_buffering: int = Field(32 * 1024 * 1024, ge=0)
     # Retention (0: forever). A window hash expires this long after its last update; a key's window
     # index drops windows starting this much (event time) before the window being written; the index
     # and the job's key set expire this long after their last write.

@@ -63,7 +63,7 @@ def sink_process(
         "SF_SINK_GROUP_ID": unique,
         # Long enough that updates likely sit in the cache when the sink is killed in step 4.
         "SF_SINK_COMMIT_INTERVAL_MS": "2000",
-        "SF_SINK_CACHE_MAX_BYTES_BUFFERING": "20000",
+        "SF_SINK_CACHE_MAX_BYTES_BUFFERING": "100000",
         "SF_SINK_REDIS_RETRY_MAX_BACKOFF_MS": "500",
         "SF_SINK_SESSION_TIMEOUT_MS": "6000",
     }

@@ -243,7 +243,7 @@ def test_sink_keeps_the_highest_version_of_duplicated_replayed_reordered_updates
     sink = start(
         started,
         sink_settings(
-            kafka_bootstrap, redis_url, topic, unique, cache_max_bytes_buffering=4_000, commit_interval_ms=50
+            kafka_bootstrap, redis_url, topic, unique, cache_max_bytes_buffering=20_000, commit_interval_ms=50
         ),
     )
     run_until(sink, lambda: sum(sink.received.values()) >= len(updates))

@@ -7,7 +7,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.sink.app import parse_update
-from services.sink.cache import ENTRY_OVERHEAD_BYTES, CacheEntry, RecordCache, entry_size
+from services.sink.cache import (
+    BYTES_PER_SERIALIZED_BYTE,
+    ENTRY_OVERHEAD_BYTES,
+    CacheEntry,
+    RecordCache,
+    entry_size,
+)
 from shared.records import WindowResult
 
 
@@ -71,7 +77,7 @@ def test_an_entry_larger_than_the_budget_is_evicted_at_once() -> None:
 
 
 def test_entry_size_counts_the_serialized_record() -> None:
-    assert entry_size(b"x" * 100) == 100 + ENTRY_OVERHEAD_BYTES
+    assert entry_size(b"x" * 100) == BYTES_PER_SERIALIZED_BYTE * 100 + ENTRY_OVERHEAD_BYTES
     with pytest.raises(ValueError):
         RecordCache(max_bytes=-1)
 
@@ -102,7 +108,7 @@ updates_strategy = st.lists(
 
 
 @settings(max_examples=200, deadline=None)
-@given(updates=updates_strategy, budget=st.integers(0, 1_500))
+@given(updates=updates_strategy, budget=st.integers(0, 12_000))
 def test_the_cache_never_changes_the_final_result(
     updates: list[tuple[str, int, int, bool]], budget: int
 ) -> None:
