@@ -22,6 +22,7 @@ from pyspark.sql.streaming import StreamingQuery
 from services.processor.expressions import checked_column
 from services.processor.versions import version_of
 from shared import constants
+from shared.errors import SpecError
 from shared.jobspec import (
     Aggregation,
     FieldType,
@@ -258,6 +259,13 @@ def build_plan(spark: SparkSession, spec: JobSpec, bootstrap: str, max_offsets: 
     rows = events(spark, spec, bootstrap, max_offsets)
     if spec.kind == "windowed":
         results = windowed(spec, rows)
+        for name in spec.aggregate_names:
+            dtype = results.schema[name].dataType
+            if not isinstance(dtype, T.NumericType):
+                raise SpecError(
+                    f"aggregations: {name} would be a {dtype.simpleString()}; window results hold numbers "
+                    "(min/max need a long, double or timestamp field)"
+                )
         mode = "update" if spec.emit == "on_update" else "append"
         return Plan(spec, results, having(spark, spec, results), mode)
     # Dedup and joins emit each row once (append); stateless jobs have no state to finalise.

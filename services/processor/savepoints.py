@@ -100,9 +100,9 @@ def take(checkpoint: Path, spec: JobSpec, epoch: int, savepoint_root: Path) -> S
     name = f"{spec.id}-{stamp}-{created % 1000:03d}-b{committed if committed is not None else 'none'}"
     final = savepoint_root / name
     tmp = savepoint_root / f".{name}.incomplete"
-    savepoint_root.mkdir(parents=True, exist_ok=True)
-    shutil.rmtree(tmp, ignore_errors=True)
     try:
+        savepoint_root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
         shutil.copytree(checkpoint, tmp / CHECKPOINT_SUBDIR)
         meta = {
             "format": FORMAT_VERSION,

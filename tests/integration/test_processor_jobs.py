@@ -1,0 +1,254 @@
+"""Jobs through the processor's gRPC JobCommands on real Spark and Kafka: start, status and metrics,
+stop with a savepoint, restore (under a new id, and an older savepoint under the same id), refusals.
+
+Results are read back from the output topic (newest version per window) and compared with the
+plain-Python oracle; versions must keep growing across every restore.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import orjson
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from pyspark.sql import SparkSession
+
+from infra.datagen import oracle_window_counts
+from services.processor.grpc_server import GrpcServer
+from services.processor.jobs import JobManager
+from services.processor.metrics import JobMetricsListener
+from services.processor.savepoints import load as load_savepoint
+from services.processor.settings import ProcessorSettings
+from services.processor.versions import split_version
+from shared.kafka import ensure_topics
+from shared.proto import streamforge_pb2 as pb
+from shared.proto import streamforge_pb2_grpc as pb_grpc
+from shared.records import WindowResult
+from tests.integration.test_processor import spark  # noqa: F401  (the shared session fixture)
+from tests.kafka_util import produce_keyed, read_all
+
+pytestmark = pytest.mark.integration
+BASE = 1_767_225_600_000
+
+
+def spec_json(job_id: str, topic: str, **extra: Any) -> str:
+    spec = {
+        "id": job_id,
+        "source": {
+            "topic": topic,
+            "fields": {"page": "string", "ts": "timestamp"},
+            "key": ["page"],
+            "event_time": {"field": "ts"},
+        },
+        "window": {"type": "tumbling", "size": "10s"},
+        # A long delay: no window closes during the test, so every window can still change.
+        "watermark": {"max_out_of_orderness": "10m"},
+        "aggregations": [{"fn": "count", "as": "views"}],
+        "trigger_interval": "200ms",
+        "output_topic": f"{topic}.out",
+        **extra,
+    }
+    return orjson.dumps(spec).decode()
+
+
+@pytest.fixture
+def processor(
+    spark: SparkSession,  # noqa: F811
+    kafka_bootstrap: str,
+    tmp_path: Path,
+) -> Iterator[tuple[JobManager, pb_grpc.JobCommandsStub, grpc.Channel]]:
+    settings = ProcessorSettings(
+        kafka_bootstrap=kafka_bootstrap,
+        data_dir=str(tmp_path / "data"),
+        grpc_port=0,
+        job_restart_backoff_ms=100,
+    )
+    listener = JobMetricsListener()
+    spark.streams.addListener(listener)
+    manager = JobManager(spark, settings, listener)
+    server = GrpcServer(manager, "127.0.0.1", 0)
+    server.start()
+    server.set_serving(True)
+    channel = grpc.insecure_channel(server.address)
+    try:
+        yield manager, pb_grpc.JobCommandsStub(channel), channel
+    finally:
+        channel.close()
+        server.stop()
+        manager.shutdown()
+        spark.streams.removeListener(listener)
+
+
+def events(page: str, start: int, n: int, step: int = 97) -> list[dict[str, object]]:
+    return [{"page": page, "ts": start + i * step} for i in range(n)]
+
+
+def send(bootstrap: str, topic: str, rows: list[dict[str, object]]) -> None:
+    produce_keyed(bootstrap, f"{topic}.valid", ((str(e["page"]).encode(), orjson.dumps(e)) for e in rows))
+
+
+def newest(bootstrap: str, topic: str, job_id: str) -> dict[tuple[str, int], WindowResult]:
+    out: dict[tuple[str, int], WindowResult] = {}
+    for m in read_all(bootstrap, topic):
+        r = WindowResult.from_json(m.value())
+        if r.job_id == job_id and (
+            (r.key, r.window_start) not in out or r.version > out[r.identity[1:]].version
+        ):
+            out[(r.key, r.window_start)] = r
+    return out
+
+
+def counts(results: dict[tuple[str, int], WindowResult]) -> dict[tuple[str, int], int]:
+    return {k: int(r.aggregates["views"] or 0) for k, r in results.items()}
+
+
+def catch_up(manager: JobManager, job_id: str) -> None:
+    query = manager.query(job_id)
+    assert query is not None and query.isActive, manager.get(job_id)
+    query.processAllAvailable()
+
+
+def test_commands_metrics_savepoint_and_restores_are_exact(
+    processor: tuple[JobManager, pb_grpc.JobCommandsStub, grpc.Channel],
+    kafka_bootstrap: str,
+    unique: str,
+    tmp_path: Path,
+) -> None:
+    manager, stub, channel = processor
+    health = health_pb2_grpc.HealthStub(channel).Check(
+        health_pb2.HealthCheckRequest(service="streamforge.v1.JobCommands"), timeout=5
+    )
+    assert health.status == health_pb2.HealthCheckResponse.SERVING
+    topic, out = unique, f"{unique}.out"
+    ensure_topics(kafka_bootstrap, [f"{topic}.valid", out], partitions=2)
+    part1 = events("/a", BASE, 120) + events("/b", BASE + 3_000, 60)
+    part2 = events("/a", BASE + 5_000, 150, step=53) + events("/b", BASE + 1_000, 90, step=211)
+    part3 = events("/b", BASE + 2_000, 40)
+    send(kafka_bootstrap, topic, part1)
+
+    # Start; the status carries the batch metrics.
+    status = stub.StartJob(pb.StartJobRequest(job_id=unique, spec_json=spec_json(unique, topic)), timeout=60)
+    assert status.state == pb.JOB_STATE_RUNNING
+    catch_up(manager, unique)
+    # Progress reaches the listener asynchronously; the watermark shows from the batch after the first.
+    deadline = time.monotonic() + 60
+    status = stub.GetStatus(pb.JobRef(job_id=unique), timeout=10)
+    while status.metrics.watermark_ms == 0 and time.monotonic() < deadline:
+        time.sleep(0.2)
+        status = stub.GetStatus(pb.JobRef(job_id=unique), timeout=10)
+    watermark = max(int(e["ts"]) for e in part1) - 600_000  # type: ignore[call-overload]
+    assert status.metrics.watermark_ms == watermark
+    assert status.metrics.state_rows == len(oracle_window_counts(part1, 10_000))
+    assert status.metrics.batch_duration_ms > 0 and status.metrics.state_memory_bytes > 0
+    assert [j.job_id for j in stub.ListJobs(pb.ListJobsRequest(), timeout=10).jobs] == [unique]
+    with pytest.raises(grpc.RpcError) as dup:
+        stub.StartJob(pb.StartJobRequest(job_id=unique, spec_json=spec_json(unique, topic)), timeout=60)
+    assert dup.value.code() == grpc.StatusCode.ALREADY_EXISTS
+
+    # Stop with a savepoint: FINISHED, and the savepoint holds the spec, epoch and offsets.
+    stopped = stub.StopJob(pb.StopJobRequest(job_id=unique, savepoint=True), timeout=60)
+    assert stopped.state == pb.JOB_STATE_FINISHED and stopped.savepoint_path
+    sp1 = load_savepoint(stopped.savepoint_path)
+    assert (sp1.job_id, sp1.epoch, sp1.spec.id) == (unique, 0, unique)
+    assert sp1.last_committed_batch is not None and sp1.offsets
+    assert sum(sp1.offsets[0][f"{topic}.valid"].values()) == len(part1)
+    first_run = newest(kafka_bootstrap, out, unique)
+    assert counts(first_run) == oracle_window_counts(part1, 10_000)
+
+    # Restore as a new job: its state is the savepoint's, so its counts cover part1 + part2.
+    renamed = f"{unique}-b"
+    restored = stub.StartJob(
+        pb.StartJobRequest(
+            job_id=renamed, spec_json=spec_json(unique, topic), from_savepoint=stopped.savepoint_path
+        ),
+        timeout=60,
+    )
+    assert restored.state == pb.JOB_STATE_RUNNING
+    send(kafka_bootstrap, topic, part2)
+    catch_up(manager, renamed)
+    b_results = newest(kafka_bootstrap, out, renamed)
+    assert counts(b_results) == oracle_window_counts(part1 + part2, 10_000)
+    assert {split_version(r.version)[0] for r in b_results.values()} == {1}
+    stub.StopJob(pb.StopJobRequest(job_id=renamed), timeout=60)
+
+    # The original job again from its (now older) savepoint, twice: each restore is a new epoch, so
+    # every version beats everything the job id emitted before, although batch ids start lower again.
+    for attempt in (1, 2):
+        before = max(r.version for r in newest(kafka_bootstrap, out, unique).values())
+        again = stub.StartJob(
+            pb.StartJobRequest(
+                job_id=unique, spec_json=spec_json(unique, topic), from_savepoint=sp1.path.as_posix()
+            ),
+            timeout=60,
+        )
+        assert again.state == pb.JOB_STATE_RUNNING
+        if attempt == 2:
+            send(kafka_bootstrap, topic, part3)
+        catch_up(manager, unique)
+        results = newest(kafka_bootstrap, out, unique)
+        everything = part1 + part2 + (part3 if attempt == 2 else [])
+        assert counts(results) == oracle_window_counts(everything, 10_000)
+        replayed = [r for r in results.values() if split_version(r.version)[0] == attempt]
+        assert replayed and min(r.version for r in replayed) > before
+        stub.StopJob(pb.StopJobRequest(job_id=unique, savepoint=(attempt == 1)), timeout=60)
+
+    with pytest.raises(grpc.RpcError) as missing:
+        stub.StopJob(pb.StopJobRequest(job_id="no-such-job"), timeout=10)
+    assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"filter": "page = "}, "filter: not a Spark SQL expression"),
+        ({"filter": "nope > 1"}, "filter:"),
+        ({"filter": "page"}, "filter:"),
+        ({"filter": "page IN (SELECT 1)"}, "subqueries are not allowed"),
+        ({"derive": {"x": "reflect('java.lang.System', 'exit', 1)"}}, "reflect() is not allowed"),
+        ({"derive": {"x": "rand() > 0.5"}}, "non-deterministic"),
+        ({"derive": {"x": "count(page)"}}, "derive.x: [MISSING_GROUP_BY]"),
+        ({"derive": {"x": "__key"}}, "internal to the processor"),
+        ({"having": "views >"}, "having: not a Spark SQL expression"),
+        ({"aggregations": [{"fn": "max", "field": "page"}]}, "max_page"),
+    ],
+)
+def test_start_refuses_specs_spark_cannot_run_with_a_message(
+    processor: tuple[JobManager, pb_grpc.JobCommandsStub, grpc.Channel],
+    unique: str,
+    change: dict[str, Any],
+    message: str,
+) -> None:
+    _, stub, _ = processor
+    with pytest.raises(grpc.RpcError) as refused:
+        stub.StartJob(pb.StartJobRequest(spec_json=spec_json(unique, unique, **change)), timeout=60)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert message in (refused.value.details() or ""), refused.value.details()
+    assert stub.ListJobs(pb.ListJobsRequest(), timeout=10).jobs == []
+
+
+def test_a_failed_stop_with_savepoint_leaves_the_job_running(
+    processor: tuple[JobManager, pb_grpc.JobCommandsStub, grpc.Channel],
+    kafka_bootstrap: str,
+    unique: str,
+    tmp_path: Path,
+) -> None:
+    manager, stub, _ = processor
+    ensure_topics(kafka_bootstrap, [f"{unique}.valid", f"{unique}.out"], partitions=1)
+    send(kafka_bootstrap, unique, events("/a", BASE, 10))
+    stub.StartJob(pb.StartJobRequest(spec_json=spec_json(unique, unique)), timeout=60)
+    catch_up(manager, unique)
+    blocked = tmp_path / "not-a-dir"
+    blocked.write_text("a file where the savepoint directory should go")
+    with pytest.raises(grpc.RpcError) as failed:
+        stub.StopJob(pb.StopJobRequest(job_id=unique, savepoint=True, savepoint_dir=str(blocked)), timeout=60)
+    assert failed.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "keeps running" in (failed.value.details() or "")
+    assert stub.GetStatus(pb.JobRef(job_id=unique), timeout=10).state == pb.JOB_STATE_RUNNING
+    send(kafka_bootstrap, unique, events("/a", BASE + 1, 5))
+    catch_up(manager, unique)
+    assert counts(newest(kafka_bootstrap, f"{unique}.out", unique)) == {("/a", BASE): 15}
