@@ -1,4 +1,8 @@
-"""`python -m services.sink`: write window results to Redis until SIGTERM."""
+"""`python -m services.sink`: write window results to Redis until SIGTERM.
+
+One process: the Kafka loop (main thread), the gRPC StreamConfig + health server, Prometheus
+/metrics, and the registration with control.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +10,12 @@ import signal
 import sys
 
 from services.sink.app import Sink
+from services.sink.grpc_server import GrpcServer
 from services.sink.settings import SinkSettings
 from shared.errors import StreamForgeError
 from shared.logs import configure_logging
 from shared.metrics import serve_metrics
+from shared.registry import Registration, start_registration
 
 
 def main() -> int:
@@ -18,14 +24,29 @@ def main() -> int:
     sink = Sink(settings)
     signal.signal(signal.SIGTERM, lambda *_: sink.stop())
     signal.signal(signal.SIGINT, lambda *_: sink.stop())
+    grpc_server: GrpcServer | None = None
+    registration: Registration | None = None
     try:
         sink.start()
+        if settings.grpc_port:
+            grpc_server = GrpcServer(sink, settings.grpc_host, settings.grpc_port)
+            grpc_server.start()
         # The metrics port opens once the service is really running: stack readiness relies on it.
         serve_metrics(settings.metrics_port)
+        if settings.grpc_port:
+            registration = start_registration(
+                settings, "sink", grpc_port=settings.grpc_port, metrics_port=settings.metrics_port
+            )
         sink.run()
     except StreamForgeError as e:
         log.error("%s", e)
+        sink.close()
         return 1
+    finally:
+        if registration is not None:
+            registration.stop()
+        if grpc_server is not None:
+            grpc_server.stop()
     log.info("stopped")
     return 0
 

@@ -32,6 +32,7 @@ from services.sink.errors import DeadLetterError, SinkError
 from services.sink.settings import SinkSettings
 from services.sink.store import ResultStore
 from shared import constants
+from shared.jobspec import JobSpec
 from shared.kafka import consumer_config, coordinates, dead_letter_headers, ensure_topics, is_record
 from shared.metrics import DLQ_EVENTS, PROCESSING_LATENCY, RECORDS_PROCESSED
 from shared.records import RESERVED_FIELDS, WindowResult
@@ -80,6 +81,10 @@ class Sink:
         self._dlq_failures: list[str] = []
         self.received: Counter[str] = Counter()
         self.written: Counter[str] = Counter()
+        self._topics = sorted(set(settings.topics))
+        # Set by apply_streams (gRPC thread), subscribed to by the loop (the consumer's own thread).
+        self._wanted_topics: list[str] | None = None
+        self._topics_lock = threading.Lock()
 
     # --- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -89,8 +94,7 @@ class Sink:
         except redis.RedisError as e:
             # Not fatal: the first write loads it, and until Redis answers consumption stays paused.
             log.warning("redis not reachable at start (%s); writes wait for it", e)
-        dlqs = [constants.dlq_topic(t) for t in s.topics]
-        ensure_topics(s.kafka_bootstrap, [*s.topics, *dlqs], s.topic_partitions)
+        self._ensure_topics(self._topics)
         self._producer = Producer(
             {"bootstrap.servers": s.kafka_bootstrap, "enable.idempotence": True, "linger.ms": 5},
             logger=logging.getLogger("librdkafka.producer"),
@@ -99,12 +103,10 @@ class Sink:
             consumer_config(s.kafka_bootstrap, s.group_id, **{"session.timeout.ms": s.session_timeout_ms}),
             logger=logging.getLogger("librdkafka.consumer"),
         )
-        self._consumer.subscribe(
-            s.topics, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
-        )
+        self._subscribe(self._topics)
         log.info(
             "sinking %s into %s (commit every %d ms, cache %d bytes)",
-            ", ".join(s.topics),
+            ", ".join(self._topics),
             s.redis_url,
             s.commit_interval_ms,
             s.cache_max_bytes_buffering,
@@ -112,6 +114,43 @@ class Sink:
 
     def stop(self) -> None:
         self._stop.set()
+
+    @property
+    def topics(self) -> list[str]:
+        """The topics the sink reads now."""
+        return list(self._topics)
+
+    def apply_streams(self, specs: list[JobSpec]) -> list[str]:
+        """Read the configured topics plus the output topics of these windowed jobs; returns them.
+
+        Called by control (gRPC thread): the topics are created here, the loop subscribes on its next
+        turn (the rebalance that follows writes and commits what was read, as any rebalance does).
+        """
+        wanted = sorted(
+            set(self.settings.topics) | {spec.output_topic for spec in specs if spec.kind == "windowed"}
+        )
+        try:
+            self._ensure_topics(wanted)
+        except KafkaException as e:
+            raise SinkError(f"cannot create the topics {wanted}: {e}") from e
+        with self._topics_lock:
+            self._wanted_topics = wanted if wanted != self._topics else None
+        if wanted != self._topics:
+            log.info("control applied jobs: now sinking %s", ", ".join(wanted))
+        return wanted
+
+    def _ensure_topics(self, topics: list[str]) -> None:
+        s = self.settings
+        ensure_topics(
+            s.kafka_bootstrap, [*topics, *(constants.dlq_topic(t) for t in topics)], s.topic_partitions
+        )
+
+    def _subscribe(self, topics: list[str]) -> None:
+        assert self._consumer is not None
+        self._consumer.subscribe(
+            topics, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
+        )
+        self._topics = topics
 
     @property
     def paused(self) -> bool:
@@ -168,6 +207,10 @@ class Sink:
         consumer = self._consumer
         assert consumer is not None and self._producer is not None, "start() first"
         s = self.settings
+        with self._topics_lock:
+            wanted, self._wanted_topics = self._wanted_topics, None
+        if wanted is not None:
+            self._subscribe(wanted)
         if self._pause_assignment:
             self._pause()
         wait_s = s.batch_max_wait_ms / 1000
@@ -308,10 +351,14 @@ class Sink:
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Write and commit before the partitions go; if Redis fails, leave them to the next owner."""
         log.info("revoked %s", _names(partitions))
+        sources = {(p.topic, p.partition) for p in partitions}
         try:
             self._flush_and_commit("revocation")
         except (redis.RedisError, DeadLetterError) as e:
-            self._drop({(p.topic, p.partition) for p in partitions}, e)
+            self._drop(sources, e)
+        # Whatever happened, positions of partitions we no longer own are never committed by us.
+        for source in sources:
+            self._positions.pop(source, None)
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # Someone else may own them already: committing is impossible, writing pointless.

@@ -10,6 +10,7 @@ from shared.settings import BaseServiceSettings
 class SinkSettings(BaseServiceSettings):
     model_config = SettingsConfigDict(env_prefix="SF_SINK_", extra="ignore", populate_by_name=True)
 
+    # Always read; control adds the output topics of the running windowed jobs (ApplyStreams).
     topics: list[str] = Field(default_factory=lambda: [constants.DEFAULT_AGGREGATES_TOPIC])
     group_id: str = "sf-sink"
     # A replica that dies without leaving the group (SIGKILL) keeps its partitions this long.
@@ -34,3 +35,7 @@ class SinkSettings(BaseServiceSettings):
     # How long a dead-lettered record may take to reach the broker before a commit gives up.
     dlq_flush_timeout_ms: int = Field(30_000, ge=100)
     metrics_port: int = 9103
+    # StreamConfig (control pushes the active jobs: their output topics are sunk too) and
+    # grpc.health.v1; 0: no gRPC server and no registration with control.
+    grpc_port: int = Field(6126, ge=0)
+    grpc_host: str = "127.0.0.1"

@@ -5,10 +5,12 @@ The oracle for every test is plain Python: per window, the update with the highe
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from collections.abc import Callable, Iterable, Iterator
 
+import grpc
 import pytest
 import redis
 from confluent_kafka import Consumer, TopicPartition
@@ -19,10 +21,13 @@ from services.control.api import create_app
 from services.control.results import read_results
 from services.control.settings import ControlSettings
 from services.sink.app import Sink
+from services.sink.grpc_server import GrpcServer
 from services.sink.settings import SinkSettings
 from services.sink.store import LIBRARY, ResultStore
 from shared import constants
 from shared.kafka import ensure_topics
+from shared.proto import streamforge_pb2 as pb
+from shared.proto import streamforge_pb2_grpc as pb_grpc
 from shared.records import WindowResult
 from tests.kafka_util import produce_all, produce_keyed, read_all
 
@@ -380,3 +385,43 @@ def test_replicas_share_partitions_and_write_before_giving_them_up(
     started.remove(a)
     run_until(b, lambda: len(b.assignment()) == 4)
     assert redis_state(redis_client, unique) == oracle(first + second)
+
+
+def test_control_applies_jobs_and_the_sink_follows_their_output_topics(
+    kafka_bootstrap: str,
+    redis_url: str,
+    redis_client: redis.Redis,
+    stack_cfg: StackConfig,
+    unique: str,
+    started: list[Sink],
+) -> None:
+    configured, windowed_out, stateless_out = (f"{unique}.{n}" for n in ("aggregates", "windows", "events"))
+    source = {
+        "topic": unique,
+        "fields": {"page": "string", "ts": "timestamp"},
+        "key": ["page"],
+        "event_time": {"field": "ts", "format": "epoch_ms"},
+    }
+    windowed = {"id": f"{unique}-w", "source": source, "window": {"size": "5s"}, "output_topic": windowed_out}
+    stateless = {"id": f"{unique}-s", "source": source, "output_topic": stateless_out}
+    sink = start(
+        started, sink_settings(kafka_bootstrap, redis_url, configured, unique, commit_interval_ms=100)
+    )
+    server = GrpcServer(sink, "127.0.0.1", stack_cfg.grpc_ports[3])
+    server.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{stack_cfg.grpc_ports[3]}") as channel:
+            stub = pb_grpc.StreamConfigStub(channel)
+            specs = [json.dumps(windowed), json.dumps(stateless)]
+            reply = stub.ApplyStreams(pb.ApplyStreamsRequest(job_spec_json=specs), timeout=30)
+            # Only windowed jobs write window results; a stateless job's events are not for the sink.
+            assert list(reply.topics) == sorted([configured, windowed_out])
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.ApplyStreams(pb.ApplyStreamsRequest(job_spec_json=['{"id": "x"}']), timeout=30)
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    finally:
+        server.stop()
+    updates = window_updates(unique, "ab", (0, 1_000), versions=3, seed=8)
+    produce_updates(kafka_bootstrap, windowed_out, updates)
+    run_until(sink, lambda: redis_state(redis_client, unique) == oracle(updates))
+    assert sink.topics == sorted([configured, windowed_out])
