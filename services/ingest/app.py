@@ -22,7 +22,7 @@ import time
 from collections import Counter as Tally
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -38,7 +38,7 @@ from services.ingest.errors import FatalKafkaError, IngestError, StreamConfigErr
 from services.ingest.progress import GroupProgress
 from services.ingest.settings import IngestSettings
 from services.ingest.streams import StreamDefinition, merge_streams
-from services.ingest.validate import RecordPolicy, Rejection, validate
+from services.ingest.validate import RecordPolicy, RecordValidator, Rejection, ValidEvent
 from services.ingest.watermark import (
     NowGetter,
     PartitionProgress,
@@ -49,11 +49,9 @@ from services.ingest.watermark import (
 from shared import constants
 from shared.kafka import (
     consumer_config,
-    coordinates,
     dead_letter_headers,
     ensure_topics,
     first_offsets,
-    next_offsets,
 )
 from shared.metrics import (
     DLQ_EVENTS,
@@ -70,6 +68,7 @@ KAFKA_TIMEOUT_S = 30.0
 POLL_EVERY = 1_000  # serve delivery reports every this many produced records, not after each one
 
 Headers = list[tuple[str, str | bytes | None]]
+Consumed = tuple[Message, str, int, int]  # a record and its topic, partition, offset
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +121,7 @@ class Ingest:
         )
         self.now_ms = now_ms
         self.watermarks: dict[str, StreamWatermark] = {}
+        self._validators: dict[str, RecordValidator] = {}
         self.progress: GroupProgress | None = None
         self._stop = threading.Event()
         self._consumer: Consumer | None = None
@@ -366,8 +366,9 @@ class Ingest:
         self._publish_watermarks()
         return stats
 
-    def _records(self, msgs: list[Message]) -> list[Message]:
-        records = []
+    def _records(self, msgs: list[Message]) -> list[Consumed]:
+        records: list[Consumed] = []
+        streams, assigned = self.streams, self._assigned
         for m in msgs:
             err = m.error()
             if err is not None:
@@ -376,64 +377,77 @@ class Ingest:
                 if err.code() != KafkaError._PARTITION_EOF:
                     log.warning("consume error: %s", err)
                 continue
+            # Consumed records always have these three (Any: no per-record cast calls in this loop).
+            topic: Any = m.topic()
+            partition: Any = m.partition()
+            offset: Any = m.offset()
             # A topic dropped from the streams since the fetch: leave it uncommitted, unread.
-            if m.topic() in self.streams and (m.topic(), m.partition()) in self._assigned:
-                records.append(m)
+            if topic in streams and (topic, partition) in assigned:
+                records.append((m, topic, partition, offset))
         return records
 
-    def _transact(self, records: list[Message]) -> tuple[BatchStats, set[str]]:
+    def _validator(self, topic: str) -> RecordValidator:
+        v = self._validators.get(topic)
+        if v is None or v.source is not self.streams[topic].source:
+            v = self._validators[topic] = RecordValidator(self.streams[topic].source, self.policy)
+        return v
+
+    def _transact(self, records: list[Consumed]) -> tuple[BatchStats, set[str]]:
+        """One transaction: every record of the batch to exactly one of valid, late or DLQ, plus the
+        offsets with their partitions' watermark progress. Per-record work stays in this loop."""
         assert self._consumer is not None and self._producer is not None
         producer, consumer = self._producer, self._consumer
         now = self.now_ms()
         for w in self.watermarks.values():
             w.advance(now)  # partitions may have gone idle since the last batch
+        streams, watermarks = self.streams, self.watermarks
+        validators = {topic: self._validator(topic) for topic in streams}
+        targets = {
+            t: (d.source.valid_topic, d.source.late_topic, d.source.dlq_topic) for t, d in streams.items()
+        }
+        produce = self._produce
         producer.begin_transaction()
         forwarded: Tally[str] = Tally()
         late: Tally[str] = Tally()
         rejected: Tally[tuple[str, str]] = Tally()
-        for i, m in enumerate(records):
-            topic, partition, offset = coordinates(m)
-            stream = self.streams[topic]
-            result = validate(stream.source, m.value(), self.policy, now)
-            if isinstance(result, Rejection):
+        ends: dict[tuple[str, int], int] = {}
+        for i, (m, topic, partition, offset) in enumerate(records):
+            ends[(topic, partition)] = offset + 1  # a partition's records come in offset order
+            result = validators[topic].check(m.value(), now)
+            if type(result) is Rejection:
                 headers = dead_letter_headers(m, result.error_class, result.message, SERVICE)
-                self._produce(stream.source.dlq_topic, m.key(), m.value(), headers)
+                produce(targets[topic][2], m.key(), m.value(), headers)
                 rejected[(topic, result.error_class)] += 1
+                continue
+            assert type(result) is ValidEvent
+            verdict = watermarks[topic].observe(partition, result.event_time_ms, now)
+            if verdict.late:
+                headers = [
+                    *_headers_of(m),
+                    (constants.HDR_LATE_WATERMARK_MS, str(verdict.watermark_ms).encode()),
+                    (constants.HDR_LATE_EVENT_TIME_MS, str(result.event_time_ms).encode()),
+                    (
+                        constants.HDR_LATE_ALLOWED_LATENESS_MS,
+                        str(streams[topic].watermark.allowed_lateness).encode(),
+                    ),
+                    (constants.HDR_LATE_TOPIC, topic.encode()),
+                    (constants.HDR_LATE_PARTITION, str(partition).encode()),
+                    (constants.HDR_LATE_OFFSET, str(offset).encode()),
+                ]
+                produce(targets[topic][1], m.key(), m.value(), headers, result.event_time_ms)
+                late[topic] += 1
             else:
-                verdict = self.watermarks[topic].observe(partition, result.event_time_ms, now)
-                if verdict.late:
-                    assert verdict.watermark_ms is not None
-                    headers = [
-                        *_headers_of(m),
-                        (constants.HDR_LATE_WATERMARK_MS, str(verdict.watermark_ms).encode()),
-                        (constants.HDR_LATE_EVENT_TIME_MS, str(result.event_time_ms).encode()),
-                        (
-                            constants.HDR_LATE_ALLOWED_LATENESS_MS,
-                            str(stream.watermark.allowed_lateness).encode(),
-                        ),
-                        (constants.HDR_LATE_TOPIC, topic.encode()),
-                        (constants.HDR_LATE_PARTITION, str(partition).encode()),
-                        (constants.HDR_LATE_OFFSET, str(offset).encode()),
-                    ]
-                    self._produce(stream.source.late_topic, m.key(), m.value(), headers, result.event_time_ms)
-                    late[topic] += 1
-                else:
-                    self._produce(
-                        stream.source.valid_topic,
-                        result.key.encode(),
-                        result.value,
-                        _headers_of(m) or None,
-                        result.event_time_ms,
-                    )
-                    forwarded[topic] += 1
+                produce(
+                    targets[topic][0],
+                    result.key.encode(),
+                    result.value,
+                    _headers_of(m) or None,
+                    result.event_time_ms,
+                )
+                forwarded[topic] += 1
             if i % POLL_EVERY == POLL_EVERY - 1:
                 producer.poll(0)
-        offsets = [
-            TopicPartition(
-                tp.topic, tp.partition, tp.offset, self._committed_metadata(tp.topic, tp.partition)
-            )
-            for tp in next_offsets(records)
-        ]
+        offsets = [TopicPartition(t, p, o, self._committed_metadata(t, p)) for (t, p), o in ends.items()]
         _retrying(
             lambda: producer.send_offsets_to_transaction(
                 offsets, consumer.consumer_group_metadata(), KAFKA_TIMEOUT_S
@@ -457,26 +471,31 @@ class Ingest:
         self, topic: str, key: bytes | None, value: bytes | None, headers: Headers | None, timestamp: int = 0
     ) -> None:
         assert self._producer is not None
+        try:
+            self._producer.produce(topic, key=key, value=value, headers=headers, timestamp=timestamp)
+            return
+        except BufferError:
+            pass
+        # The local queue is full: let deliveries drain it. Still full after the transaction's own
+        # timeout means the broker does not keep up: abort, and the batch is read again.
         deadline = time.monotonic() + self.settings.transaction_timeout_ms / 1000
         while True:
+            self._producer.poll(0.05)
             try:
                 self._producer.produce(topic, key=key, value=value, headers=headers, timestamp=timestamp)
                 return
             except BufferError:
-                # The local queue is full: let deliveries drain it. Still full after the
-                # transaction's own timeout means the broker does not keep up: abort and retry.
                 if time.monotonic() > deadline:
                     raise KafkaException(
                         KafkaError(
                             KafkaError._QUEUE_FULL, "producer queue stayed full", txn_requires_abort=True
                         )
                     ) from None
-                self._producer.poll(0.05)
 
     def _abort(
         self,
         error: KafkaException,
-        records: list[Message],
+        records: list[Consumed],
         snapshot: dict[str, WatermarkSnapshot],
         rebalances: int,
     ) -> None:
@@ -499,7 +518,7 @@ class Ingest:
                 self.watermarks[topic].rollback(snap)
         if self._rebalances != rebalances:
             return  # a new assignment restarts at the committed offsets anyway
-        for tp in first_offsets(records):
+        for tp in first_offsets(m for m, *_ in records):
             if (tp.topic, tp.partition) in self._assigned:
                 try:
                     self._consumer.seek(tp)

@@ -6,7 +6,9 @@ stable ``error_class`` (the DLQ's ``sf.errors.class`` header) and a message a pe
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -81,20 +83,39 @@ def _parse_time(value: Any, fmt: TimeFormat) -> int:
     return ms
 
 
-def _coerce(value: Any, ftype: FieldType) -> Any:
-    if ftype is FieldType.STRING:
-        if not isinstance(value, str):
-            raise ValueError(f"expected a string, got {type(value).__name__}")
-    elif ftype is FieldType.LONG:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"expected an integer, got {type(value).__name__}")
-    elif ftype is FieldType.DOUBLE:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ValueError(f"expected a number, got {type(value).__name__}")
-        value = float(value)
-    elif ftype is FieldType.BOOLEAN and not isinstance(value, bool):
+def _string(value: Any) -> str:
+    if type(value) is not str:  # orjson gives exact types: no subclasses to allow for
+        raise ValueError(f"expected a string, got {type(value).__name__}")
+    return value
+
+
+def _long(value: Any) -> int:
+    if type(value) is not int:  # bool is not an int here
+        raise ValueError(f"expected an integer, got {type(value).__name__}")
+    return value
+
+
+def _double(value: Any) -> float:
+    kind = type(value)
+    if kind is float:
+        return value
+    if kind is not int:
+        raise ValueError(f"expected a number, got {kind.__name__}")
+    return float(value)
+
+
+def _boolean(value: Any) -> bool:
+    if type(value) is not bool:
         raise ValueError(f"expected true or false, got {type(value).__name__}")
     return value
+
+
+_COERCE: dict[FieldType, Callable[[Any], Any]] = {
+    FieldType.STRING: _string,
+    FieldType.LONG: _long,
+    FieldType.DOUBLE: _double,
+    FieldType.BOOLEAN: _boolean,
+}
 
 
 def _check_time(event_time_ms: int, policy: RecordPolicy, now_ms: int) -> Rejection | None:
@@ -119,50 +140,75 @@ def _check_time(event_time_ms: int, policy: RecordPolicy, now_ms: int) -> Reject
     return None
 
 
-def validate_document(source: Source, doc: Any, policy: RecordPolicy, now_ms: int) -> ValidEvent | Rejection:
-    """Check one parsed JSON value against the stream's fields, key, event time and time policies."""
-    if not isinstance(doc, dict):
-        return Rejection(NOT_AN_OBJECT, f"expected a JSON object, got {type(doc).__name__}")
-    out: dict[str, Any] = {}
-    time_field = source.event_time.field
-    for name, ftype in source.fields.items():
-        value = doc.get(name)
-        if value is None:
-            if name in source.key or name == time_field:
-                return Rejection(MISSING_FIELD, f"required field {name!r} is missing or null")
-            out[name] = None
-            continue
-        try:
-            # Every timestamp field is read in the stream's event-time format and stored as epoch ms.
-            out[name] = (
-                _parse_time(value, source.event_time.format)
-                if ftype is FieldType.TIMESTAMP
-                else _coerce(value, ftype)
+class RecordValidator:
+    """A stream's checks, prepared once: ingest validates every record of a stream with one of these."""
+
+    def __init__(self, source: Source, policy: RecordPolicy) -> None:
+        self.source = source
+        self.policy = policy
+        fmt = source.event_time.format
+        required = {*source.key, source.event_time.field}
+        # (name, coerce, required) in declared order: the normalised record keeps that order.
+        self._fields: list[tuple[str, Callable[[Any], Any], bool]] = [
+            (
+                name,
+                functools.partial(_parse_time, fmt=fmt) if ftype is FieldType.TIMESTAMP else _COERCE[ftype],
+                name in required,
             )
-        except ValueError as e:
-            return Rejection(INVALID_FIELD, f"field {name!r}: {e}")
-    event_time_ms: int = out[time_field]
-    late_or_early = _check_time(event_time_ms, policy, now_ms)
-    if late_or_early is not None:
-        return late_or_early
-    key = KEY_SEPARATOR.join(str(out[k]) for k in source.key)
-    return ValidEvent(key=key, value=orjson.dumps(out), event_time_ms=event_time_ms)
+            for name, ftype in source.fields.items()
+        ]
+        self._key = tuple(source.key)
+        self._time_field = source.event_time.field
+
+    def check_document(self, doc: Any, now_ms: int) -> ValidEvent | Rejection:
+        """Check one parsed JSON value against the fields, key, event time and time policies."""
+        if type(doc) is not dict:
+            return Rejection(NOT_AN_OBJECT, f"expected a JSON object, got {type(doc).__name__}")
+        out: dict[str, Any] = {}
+        for name, coerce, required in self._fields:
+            value = doc.get(name)
+            if value is None:
+                if required:
+                    return Rejection(MISSING_FIELD, f"required field {name!r} is missing or null")
+                out[name] = None
+                continue
+            try:
+                # Every timestamp field is read in the stream's event-time format, stored as epoch ms.
+                out[name] = coerce(value)
+            except ValueError as e:
+                return Rejection(INVALID_FIELD, f"field {name!r}: {e}")
+        event_time_ms: int = out[self._time_field]
+        policy = self.policy
+        if policy.min_event_time_ms or policy.max_future_ms or policy.max_past_ms:
+            refused = _check_time(event_time_ms, policy, now_ms)
+            if refused is not None:
+                return refused
+        key = out[self._key[0]] if len(self._key) == 1 else KEY_SEPARATOR.join(str(out[k]) for k in self._key)
+        return ValidEvent(key=str(key), value=orjson.dumps(out), event_time_ms=event_time_ms)
+
+    def check(self, raw: bytes | None, now_ms: int) -> ValidEvent | Rejection:
+        """Check one raw record; never raises for bad input, it returns a Rejection instead."""
+        if raw is None:
+            return Rejection(EMPTY_RECORD, "record has no value")
+        if len(raw) > self.policy.max_record_bytes:
+            return Rejection(
+                OVERSIZED_RECORD, f"record is {len(raw)} bytes, the limit is {self.policy.max_record_bytes}"
+            )
+        try:
+            doc = orjson.loads(raw)
+        except orjson.JSONDecodeError as e:
+            return Rejection(INVALID_JSON, f"not valid JSON: {e}")
+        try:
+            return self.check_document(doc, now_ms)
+        except Exception as e:  # a bug here must not stop the stream: the record is kept, with the reason
+            log.exception("validation failed unexpectedly")
+            return Rejection(INTERNAL_ERROR, f"{type(e).__name__}: {e}")
+
+
+def validate_document(source: Source, doc: Any, policy: RecordPolicy, now_ms: int) -> ValidEvent | Rejection:
+    return RecordValidator(source, policy).check_document(doc, now_ms)
 
 
 def validate(source: Source, raw: bytes | None, policy: RecordPolicy, now_ms: int) -> ValidEvent | Rejection:
     """Check one raw record; never raises for bad input, it returns a Rejection instead."""
-    if raw is None:
-        return Rejection(EMPTY_RECORD, "record has no value")
-    if len(raw) > policy.max_record_bytes:
-        return Rejection(
-            OVERSIZED_RECORD, f"record is {len(raw)} bytes, the limit is {policy.max_record_bytes}"
-        )
-    try:
-        doc = orjson.loads(raw)
-    except orjson.JSONDecodeError as e:
-        return Rejection(INVALID_JSON, f"not valid JSON: {e}")
-    try:
-        return validate_document(source, doc, policy, now_ms)
-    except Exception as e:  # a bug here must not stop the stream: the record is kept, with the reason
-        log.exception("validation failed unexpectedly")
-        return Rejection(INTERNAL_ERROR, f"{type(e).__name__}: {e}")
+    return RecordValidator(source, policy).check(raw, now_ms)
