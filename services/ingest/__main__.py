@@ -8,16 +8,20 @@ from __future__ import annotations
 
 import signal
 import sys
+from typing import TYPE_CHECKING
 
 from services.ingest.app import Ingest
 from services.ingest.errors import FatalKafkaError
-from services.ingest.grpc_server import GrpcServer
-from services.ingest.http import HttpIngest, HttpServer, create_app
 from services.ingest.settings import IngestSettings
 from services.ingest.streams import load_configured_streams
 from shared.errors import StreamForgeError
 from shared.logs import configure_logging
 from shared.metrics import serve_metrics
+from shared.registry import Registration, start_registration
+
+if TYPE_CHECKING:
+    from services.ingest.grpc_server import GrpcServer
+    from services.ingest.http import HttpIngest, HttpServer
 
 
 def main() -> int:
@@ -34,17 +38,28 @@ def main() -> int:
     grpc_server: GrpcServer | None = None
     http_server: HttpServer | None = None
     gateway: HttpIngest | None = None
+    registration: Registration | None = None
     try:
         ingest.start()
+        # Imported only when enabled: FastAPI and gRPC take seconds to import on a busy 2-core box,
+        # and a restarted replica should be back in its consumer group as soon as it can.
         if settings.grpc_port:
+            from services.ingest.grpc_server import GrpcServer
+
             grpc_server = GrpcServer(ingest, settings.grpc_host, settings.grpc_port)
             grpc_server.start()
         if settings.http_port:
+            from services.ingest.http import HttpIngest, HttpServer, create_app
+
             gateway = HttpIngest(ingest)
             http_server = HttpServer(create_app(gateway), settings.http_host, settings.http_port)
             http_server.start()
         # The metrics port opens once the service is really running: stack readiness relies on it.
         serve_metrics(settings.metrics_port)
+        if settings.grpc_port:  # control pushes the streams of its jobs to the address registered here
+            registration = start_registration(
+                settings, "ingest", grpc_port=settings.grpc_port, metrics_port=settings.metrics_port
+            )
         ingest.run()
     except FatalKafkaError as e:  # fenced or broken producer: exit, a supervisor restarts us
         log.error("%s", e)
@@ -53,6 +68,8 @@ def main() -> int:
         log.error("%s", e)
         return 2
     finally:
+        if registration is not None:
+            registration.stop()
         if http_server is not None:
             http_server.stop()
         if gateway is not None:

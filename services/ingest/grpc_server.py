@@ -30,7 +30,9 @@ class StreamConfigService(pb_grpc.StreamConfigServicer):
     ) -> pb.ApplyStreamsResponse:
         """Ingest the streams of these job specs (plus the locally configured ones), and only those."""
         try:
-            definitions = [StreamDefinition.of_job(parse_job_spec(text)) for text in request.job_spec_json]
+            definitions = [
+                d for text in request.job_spec_json for d in StreamDefinition.of_job(parse_job_spec(text))
+            ]
             topics = self.ingest.apply_streams(definitions, self.apply_timeout_s)
         except (SpecError, StreamConfigError) as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))

@@ -1,7 +1,7 @@
 """Stream definitions: what ingest applies per raw topic (schema, key, event time, watermark).
 
-They come from job specs (their `source` and `watermark` sections), from a streams file, and at run
-time from the control plane (gRPC StreamConfig.ApplyStreams, which sends job specs).
+They come from job specs (their `source`, `join.source` and `watermark` sections), from a streams
+file, and at run time from the control plane (gRPC StreamConfig.ApplyStreams, which sends job specs).
 """
 
 from __future__ import annotations
@@ -31,8 +31,9 @@ class StreamDefinition(BaseModel):
         return self.source.topic
 
     @classmethod
-    def of_job(cls, spec: JobSpec) -> StreamDefinition:
-        return cls(source=spec.source, watermark=spec.watermark)
+    def of_job(cls, spec: JobSpec) -> list[StreamDefinition]:
+        """Every stream a job reads (a join reads two), each with the job's watermark."""
+        return [cls(source=source, watermark=spec.watermark) for source in spec.sources]
 
 
 class StreamsFile(BaseModel):
@@ -64,7 +65,7 @@ def load_streams_file(path: str | Path) -> list[StreamDefinition]:
 def load_configured_streams(job_specs: Iterable[str], streams_file: str) -> list[StreamDefinition]:
     """The streams of the settings: every job spec's stream, then the streams file's."""
     try:
-        found = [StreamDefinition.of_job(load_job_spec(p)) for p in job_specs]
+        found = [d for p in job_specs for d in StreamDefinition.of_job(load_job_spec(p))]
     except SpecError as e:
         raise StreamConfigError(str(e)) from e
     if streams_file:

@@ -7,7 +7,12 @@ from pathlib import Path
 import pytest
 
 from services.ingest.errors import StreamConfigError
-from services.ingest.streams import StreamDefinition, load_configured_streams, load_streams_file, merge_streams
+from services.ingest.streams import (
+    StreamDefinition,
+    load_configured_streams,
+    load_streams_file,
+    merge_streams,
+)
 
 SOURCE = {
     "topic": "clicks",
@@ -46,7 +51,10 @@ streams:
         ("streams: [{source: {topic: x}}]", "fields"),
         ("streams: nope", "streams"),
         ("{unclosed", "not valid"),
-        ("streams: [{source: {topic: x, fields: {a: string}, key: [a], event_time: {field: a}}}]", "timestamp"),
+        (
+            "streams: [{source: {topic: x, fields: {a: string}, key: [a], event_time: {field: a}}}]",
+            "timestamp",
+        ),
     ],
 )
 def test_a_bad_streams_file_names_what_to_fix(tmp_path: Path, text: str, says: str) -> None:
@@ -94,3 +102,21 @@ def test_merge_refuses_two_schemas_for_one_topic() -> None:
     other = StreamDefinition.model_validate({"source": {**SOURCE, "key": ["ts"]}})
     with pytest.raises(StreamConfigError, match="clicks"):
         merge_streams([definition(), other])
+
+
+def test_a_join_job_gives_both_of_its_streams(tmp_path: Path) -> None:
+    spec = tmp_path / "join.yaml"
+    spec.write_text(
+        """
+id: clicks-with-orders
+source: {topic: clicks, fields: {page: string, ts: timestamp}, key: [page], event_time: {field: ts}}
+join:
+  source: {topic: orders, fields: {page: string, at: timestamp}, key: [page], event_time: {field: at}}
+  within: 1m
+watermark: {max_out_of_orderness: 4s}
+output_topic: clicks-with-orders
+"""
+    )
+    streams = load_configured_streams([str(spec)], "")
+    assert [s.topic for s in streams] == ["clicks", "orders"]
+    assert {s.watermark.max_out_of_orderness for s in streams} == {4_000}
