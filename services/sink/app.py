@@ -43,9 +43,17 @@ SERVICE = "sink"
 __all__ = ["Sink", "SinkError", "parse_update"]
 
 
+# Redis's Lua compares versions as doubles: exact only below 2**53 (the processor stays below it).
+MAX_VERSION = 2**53 - 1
+
+
 def parse_update(value: bytes) -> WindowResult:
     """A record of the aggregates topic -> WindowResult; ValueError says why it is unusable."""
     result = WindowResult.from_json(value)
+    if not 0 <= result.version <= MAX_VERSION:
+        raise ValueError(
+            f"version {result.version} is outside 0..2**53-1 (Redis compares versions as doubles)"
+        )
     clash = RESERVED_FIELDS.intersection(result.aggregates)
     if clash:
         raise ValueError(f"aggregate name(s) {sorted(clash)} clash with the window hash's own fields")

@@ -145,3 +145,7 @@ def test_parse_update_refuses_aggregates_named_like_hash_fields() -> None:
         parse_update(clash.to_json())
     with pytest.raises(ValueError):
         parse_update(b"[1, 2]")
+    for version in (-1, 2**53):
+        with pytest.raises(ValueError, match="2\\*\\*53"):
+            parse_update(r.model_copy(update={"version": version}).to_json())
+    assert parse_update(r.model_copy(update={"version": 2**53 - 1}).to_json()).version == 2**53 - 1
