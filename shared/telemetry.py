@@ -2,10 +2,10 @@
 
 How an event is traced (see shared/TELEMETRY.md for the lines each service adds):
 
-* A trace starts where an event enters: ingest decides per record with `RecordGate` (a record that
-  carries a W3C ``traceparent`` header keeps its producer's decision; one without is chosen with
-  probability ``tracing_sample_ratio``). Only chosen records cost anything: for the others the gate
-  does one header scan and one random draw, and they are forwarded untouched.
+* A trace starts where an event enters: ingest asks `RecordGate` once per batch which records start a
+  trace (chosen at ``tracing_sample_ratio``); a record that carries a W3C ``traceparent`` header keeps
+  its producer's decision. Only traced records cost anything: for the others the loop does one
+  truth test, and they are forwarded untouched.
 * The context travels in Kafka headers (``traceparent``/``tracestate``, W3C trace context):
   `inject_headers` writes it, `extract_context` and `sampled_traceparent` read it.
 * Services downstream never start traces per record: they only trace records whose header says
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import random
 import threading
 import time
@@ -293,21 +294,51 @@ def current_traceparent() -> str | None:
 
 
 # --- the per-record decision at the edge -----------------------------------------------------------
-class RecordGate:
-    """Decides per record whether to trace it, without per-record work for records that are not traced.
+_NO_ROOTS: frozenset[int] = frozenset()
 
-    ``context_for(headers)`` returns None for the common case (forward the record as it is) and a
-    parent context for a record to trace: its producer's sampled context, or a new root chosen with
-    probability ``tracing_sample_ratio``. Records whose traceparent says "not sampled" are not traced.
+
+class RecordGate:
+    """Which records of a batch to trace, with no tracing work for the ones that are not traced.
+
+    Per batch, ``roots(len(batch))`` draws the indexes of the records that start a new trace (at the
+    sampling ratio, O(chosen) draws: the gaps between chosen records are geometric, carried over from
+    batch to batch). Per record the loop only asks ``headers or i in roots``; for the rare record
+    that passes, ``context_for(headers, chosen)`` returns the parent to trace it under (its producer's
+    sampled context, or a new root) or None (its producer said "not sampled").
     """
 
     def __init__(self, tracer: trace.Tracer, rng: random.Random | None = None) -> None:
         sampler = _sampler_of(tracer)
         self.enabled = sampler is not None and sampler.enabled
         self.ratio = sampler.ratio if sampler is not None else 0.0
-        self._draw = (rng or random.Random()).random
+        self._random = (rng or random.Random()).random
+        self._next = self._gap() - 1 if self.enabled and self.ratio > 0 else 0
 
-    def context_for(self, headers: KafkaHeaders) -> Context | None:
+    def _gap(self) -> int:
+        """Records from one chosen record to the next: geometric with success probability ratio."""
+        if self.ratio >= 1.0:
+            return 1
+        return int(math.log(1.0 - self._random()) / math.log1p(-self.ratio)) + 1
+
+    def roots(self, batch_size: int) -> frozenset[int]:
+        """Indexes (0-based, in this batch) of the records chosen to start a trace."""
+        if not self.enabled or self.ratio <= 0:
+            return _NO_ROOTS
+        chosen = []
+        i = self._next
+        while i < batch_size:
+            chosen.append(i)
+            i += self._gap()
+        self._next = i - batch_size
+        return frozenset(chosen)
+
+    def choose(self) -> bool:
+        """One draw at the ratio, for paths that see records one at a time (e.g. an HTTP event)."""
+        return self.enabled and self._random() < self.ratio
+
+    def context_for(self, headers: KafkaHeaders, chosen: bool = False) -> Context | None:
+        """The parent to trace a record under, or None: a producer's traceparent decides for its record;
+        a record without one is traced (as a new root) when it was chosen."""
         if not self.enabled:
             return None
         if headers:
@@ -316,15 +347,7 @@ class RecordGate:
                 if not is_sampled_traceparent(traceparent):
                     return None
                 return context_from_traceparent(traceparent, header_value(headers, TRACESTATE))
-        if self._draw() >= self.ratio:
-            return None
-        return _CHOSEN
-
-    def choose_root(self) -> Context | None:
-        """A new root context with probability ratio, else None (records that have no headers at all)."""
-        if not self.enabled or self._draw() >= self.ratio:
-            return None
-        return _CHOSEN
+        return _CHOSEN if chosen else None
 
 
 # --- span shapes -----------------------------------------------------------------------------------
@@ -353,6 +376,51 @@ def receive_span(
         name or f"receive {topic}", context=parent, kind=SpanKind.CONSUMER, attributes=attrs
     ) as span:
         yield span
+
+
+class ReceiveSpans:
+    """The receive spans of one batch's traced records, ended together when the batch is committed.
+
+    ``headers = receipts.start(parent, headers, topic, partition, offset)`` starts a CONSUMER span for
+    the record (child of `parent`) and returns its headers carrying that span; ``receipts.end()`` after
+    the transaction commits (``end(error)`` when it aborts). A span so covers the record's time in the
+    service up to the commit, and the per-record loop does no context switching.
+    """
+
+    __slots__ = ("_spans", "_tracer")
+
+    def __init__(self, tracer: trace.Tracer) -> None:
+        self._tracer = tracer
+        self._spans: list[Span] = []
+
+    def start(
+        self,
+        parent: Context,
+        headers: KafkaHeaders,
+        topic: str,
+        partition: int | None = None,
+        offset: int | None = None,
+    ) -> list[tuple[str, str | bytes | None]]:
+        attrs: dict[str, Any] = {"messaging.system": "kafka", "messaging.destination.name": topic}
+        if partition is not None:
+            attrs["messaging.destination.partition.id"] = str(partition)
+        if offset is not None:
+            attrs["messaging.kafka.offset"] = offset
+        span = self._tracer.start_span(
+            f"receive {topic}", context=parent, kind=SpanKind.CONSUMER, attributes=attrs
+        )
+        self._spans.append(span)
+        return inject_headers(headers, trace.set_span_in_context(span))
+
+    def __len__(self) -> int:
+        return len(self._spans)
+
+    def end(self, error: BaseException | None = None) -> None:
+        for span in self._spans:
+            if error is not None:
+                span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+            span.end()
+        self._spans.clear()
 
 
 def _span_contexts(traceparents: Iterable[str], limit: int) -> list[SpanContext]:

@@ -41,11 +41,11 @@ from shared.kafka import consumer_config, ensure_topics, is_record
 from shared.records import WindowResult
 from shared.settings import BaseServiceSettings
 from shared.telemetry import (
+    ReceiveSpans,
     RecordGate,
     batch_span,
     flush_tracing,
     inject_headers,
-    receive_span,
     redis_write_span,
     sampled_traceparent,
     setup_tracing,
@@ -81,14 +81,17 @@ def run_ingest(a: argparse.Namespace) -> None:
     gate = RecordGate(tracer)
     producer = Producer({"bootstrap.servers": a.bootstrap})
     for batch in _consume(a.bootstrap, a.source, f"{a.service}-g", a.count):
-        for m in batch:
-            parent = gate.context_for(m.headers())
-            if parent is None:  # the common case: forwarded as it came, no tracing work
-                producer.produce(a.target, key=m.key(), value=m.value(), headers=m.headers())
-                continue
-            with receive_span(tracer, parent, m.topic(), m.partition(), m.offset()):
-                producer.produce(a.target, key=m.key(), value=m.value(), headers=inject_headers(m.headers()))
-    producer.flush(30)
+        roots = gate.roots(len(batch))
+        receipts = ReceiveSpans(tracer)
+        for i, m in enumerate(batch):
+            headers = m.headers()
+            if headers or i in roots:  # rare: a producer's trace context, or a record chosen to trace
+                parent = gate.context_for(headers, i in roots)
+                if parent is not None:
+                    headers = receipts.start(parent, headers, m.topic(), m.partition(), m.offset())
+            producer.produce(a.target, key=m.key(), value=m.value(), headers=headers)
+        producer.flush(30)  # the real ingest commits its transaction here
+        receipts.end()
     shutdown_tracing()
 
 

@@ -17,6 +17,7 @@ from opentelemetry.trace import SpanKind
 from shared.settings import BaseServiceSettings
 from shared.telemetry import (
     TRACEPARENT,
+    ReceiveSpans,
     RecordGate,
     batch_span,
     extract_context,
@@ -62,7 +63,7 @@ def hex_trace(span: ReadableSpan) -> str:
 
 def test_settings_have_tracing_fields_with_safe_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     s = BaseServiceSettings()
-    assert (s.tracing_exporter, s.tracing_sample_ratio) == ("none", 0.01)
+    assert (s.tracing_exporter, s.tracing_sample_ratio) == ("none", 0.001)
     monkeypatch.setenv("SF_TRACING_EXPORTER", "zipkin")
     monkeypatch.setenv("SF_TRACING_SAMPLE_RATIO", "0.5")
     monkeypatch.setenv("SF_TRACING_ENDPOINT", "http://127.0.0.1:19411/api/v2/spans")
@@ -108,10 +109,11 @@ def test_extract_of_nothing_or_garbage_is_an_empty_context() -> None:
         assert not trace.get_current_span(extract_context(headers)).get_span_context().is_valid
 
 
-def test_gate_follows_the_producers_decision_and_samples_roots_at_the_ratio() -> None:
+def test_gate_follows_the_producers_decision_and_chooses_roots_at_the_ratio() -> None:
     tracer, exporter = tracer_with(ratio=0.1)
     gate = RecordGate(tracer, rng=random.Random(7))
-    assert gate.context_for([(TRACEPARENT, NOT_SAMPLED.encode())]) is None
+    assert gate.context_for([(TRACEPARENT, NOT_SAMPLED.encode())], chosen=True) is None
+    assert gate.context_for([("other", b"x")]) is None
     parent = gate.context_for([(TRACEPARENT, SAMPLED.encode())])
     assert parent is not None
     with receive_span(tracer, parent, "clicks", 0, 42):
@@ -123,27 +125,62 @@ def test_gate_follows_the_producers_decision_and_samples_roots_at_the_ratio() ->
     assert child.attributes["messaging.kafka.offset"] == 42
     exporter.clear()
 
-    chosen = 0
-    n = 20_000
-    for _ in range(n):
-        ctx = gate.context_for(None)
-        if ctx is not None:
-            chosen += 1
-            with receive_span(tracer, ctx, "clicks"):
-                pass
+    batches, size, chosen = 40, 500, 0
+    for _ in range(batches):
+        roots = gate.roots(size)
+        assert all(0 <= i < size for i in roots)
+        for i in range(size):
+            headers = None  # what most raw records carry
+            if headers or i in roots:
+                ctx = gate.context_for(headers, i in roots)
+                assert ctx is not None
+                chosen += 1
+                with receive_span(tracer, ctx, "clicks"):
+                    pass
     # The ratio is applied once (by the gate): every chosen record is recorded, as a root.
     spans = finished(exporter)
     assert len(spans) == chosen
     assert all(s.parent is None for s in spans)
-    assert 0.08 * n < chosen < 0.12 * n
+    n = batches * size
+    assert 0.085 * n < chosen < 0.115 * n
+
+
+def test_receive_spans_carry_each_record_and_end_with_the_batch() -> None:
+    tracer, exporter = tracer_with(ratio=0.0)
+    gate = RecordGate(tracer)
+    receipts = ReceiveSpans(tracer)
+    parent = gate.context_for([(TRACEPARENT, SAMPLED.encode())])
+    assert parent is not None
+    headers = receipts.start(parent, [("user", b"u1"), (TRACEPARENT, SAMPLED.encode())], "clicks", 1, 7)
+    assert len(receipts) == 1 and ("user", b"u1") in headers
+    assert finished(exporter) == []  # still open: the batch is not committed yet
+    receipts.end(RuntimeError("transaction aborted"))
+    (span,) = finished(exporter)
+    forwarded = trace.get_current_span(extract_context(headers)).get_span_context()
+    assert span.context is not None and forwarded.span_id == span.context.span_id
+    assert span.parent is not None and format(span.parent.span_id, "016x") == SAMPLED[36:52]
+    assert span.name == "receive clicks" and span.kind is SpanKind.CONSUMER and not span.status.is_ok
+    assert len(receipts) == 0
+
+
+def test_gate_roots_at_the_extremes() -> None:
+    everything, _ = tracer_with(ratio=1.0)
+    assert RecordGate(everything).roots(5) == frozenset(range(5))
+    nothing, _ = tracer_with(ratio=0.0)
+    gate = RecordGate(nothing)
+    assert gate.roots(10_000) == frozenset() and not gate.choose()
+    # Gaps carry over between batches: one record per batch at ratio 1/3 still averages 1/3.
+    third, _ = tracer_with(ratio=1 / 3)
+    gate = RecordGate(third, rng=random.Random(1))
+    assert 2_700 < sum(len(gate.roots(1)) for _ in range(9_000)) < 3_300
 
 
 def test_gate_of_a_service_without_exporter_is_off_and_passes_headers_through() -> None:
     tracer = setup_tracing("quiet", settings(1.0, exporter="none"))
     gate = RecordGate(tracer)
     assert not gate.enabled
-    assert gate.context_for([(TRACEPARENT, SAMPLED.encode())]) is None
-    assert gate.context_for(None) is None
+    assert gate.context_for([(TRACEPARENT, SAMPLED.encode())], chosen=True) is None
+    assert gate.roots(100) == frozenset() and not gate.choose()
     with tracer.start_as_current_span("x") as span:
         assert not span.is_recording()
 
