@@ -21,6 +21,7 @@ from infra.paths import ROOT, RUN_DIR
 from infra.redis_server import RedisServer
 from infra.zipkin import SPANS_PATH as ZIPKIN_SPANS_PATH
 from infra.zipkin import ZipkinServer
+from shared.jobspec import load_job_spec
 
 SERVICES = ("ingest", "processor", "sink", "control")
 
@@ -128,6 +129,8 @@ def service_env(cfg: StackConfig) -> dict[str, str]:
                 "sink": f"http://127.0.0.1:{sink_port}/metrics",
             }
         ),
+        # Ingest labels its metrics by raw topic: show them under the job that reads that topic.
+        "SF_DASHBOARD_ALIASES": json.dumps({s.source.topic: s.id for s in map(load_job_spec, cfg.job_specs)}),
         "PYTHONUNBUFFERED": "1",
     }
 
