@@ -74,6 +74,9 @@ def main() -> dict[str, float | str]:
         out["confluent_over_faust_speed"] = round(
             float(out["confluent_updates_per_s"]) / float(out["faust_updates_per_s"]), 1
         )
+        out["faust_over_confluent_cpu"] = round(
+            float(out["faust_sink_cpu_us_per_update"]) / float(out["confluent_sink_cpu_us_per_update"]), 1
+        )
         return out
     finally:
         k.stop()
@@ -108,15 +111,15 @@ def faust_worker(topic: str, job: str, expected: int) -> None:
     cache = RecordCache(CACHE_BYTES)
     received, writes = 0, 0
     pending_events: list[faust.types.EventT] = []
-    first_read = 0.0
+    first_read = first_cpu = 0.0
     last_flush = time.monotonic()
 
     @app.agent(source)
     async def sink(stream: faust.StreamT) -> None:
-        nonlocal received, writes, first_read, last_flush
+        nonlocal received, writes, first_read, first_cpu, last_flush
         async for event in stream.noack().events():
             if not first_read:
-                first_read = time.perf_counter()
+                first_read, first_cpu = time.perf_counter(), time.process_time()
             value: bytes = event.value
             msg = event.message
             evicted = cache.put(
@@ -141,6 +144,7 @@ def faust_worker(topic: str, job: str, expected: int) -> None:
                 result = {
                     "updates_per_s": round(received / elapsed),
                     "seconds": round(elapsed, 2),
+                    "sink_cpu_us_per_update": round((time.process_time() - first_cpu) / received * 1e6, 1),
                     "redis_writes": writes,
                     "write_reduction_ratio": round(received / writes, 2),
                 }
