@@ -271,7 +271,7 @@ def api(plane: ControlPlane) -> Iterator[TestClient]:
 
 
 @pytest.fixture
-def instances(plane: ControlPlane) -> Iterator[list[FakeInstance]]:
+def instances() -> Iterator[list[FakeInstance]]:
     """Started fakes are appended here and stopped after the test."""
     started: list[FakeInstance] = []
     yield started
