@@ -64,12 +64,17 @@ class WriteOutcome:
     # indexes (in the flushed sequence) of updates the version check refused: Redis held that version
     # or a newer one already (a replay, or an older version arriving late)
     stale: list[int] = field(default_factory=list)
-    # (index in the flushed sequence, Redis's error) for updates Redis refused, e.g. a key of another type
+    # (index in the flushed sequence, Redis's error) for updates Redis refused: a key of another type
     rejected: list[tuple[int, str]] = field(default_factory=list)
 
 
 def _missing_function(error: redis.ResponseError) -> bool:
     return "function not found" in str(error).lower()
+
+
+def _refused_data(error: Exception) -> bool:
+    """A refusal about this window's own keys, which no retry can fix (anything else is retried)."""
+    return isinstance(error, redis.ResponseError) and str(error).startswith("WRONGTYPE")
 
 
 class ResultStore:
@@ -94,8 +99,10 @@ class ResultStore:
     def write(self, results: Sequence[WindowResult]) -> WriteOutcome:
         """Write ``results`` in one pipeline (one round trip).
 
-        Connection problems and timeouts raise redis.RedisError and nothing is known about what was
-        applied; writing the same updates again is harmless (the version check makes it idempotent).
+        Raises redis.RedisError when Redis cannot take the writes now (connection lost, timeout, out of
+        memory, read-only replica, ...): then nothing is known about what was applied, and writing the
+        same updates again is harmless (the version check makes it idempotent). Only an update Redis
+        refuses for its own data (its key holds another type) is reported in ``rejected``.
         """
         if not results:
             return WriteOutcome()
@@ -108,6 +115,8 @@ class ResultStore:
         outcome = WriteOutcome()
         for i, reply in enumerate(replies):
             if isinstance(reply, Exception):
+                if not _refused_data(reply):
+                    raise reply
                 outcome.rejected.append((i, str(reply)))
             elif reply == 1:
                 outcome.applied += 1

@@ -357,6 +357,32 @@ def test_redis_outage_pauses_consumption_commits_nothing_and_loses_nothing(
     assert sum(committed(kafka_bootstrap, unique, topic, 2).values()) == len(everything)
 
 
+def test_redis_out_of_memory_pauses_instead_of_dead_lettering(
+    kafka_bootstrap: str, redis_url: str, redis_client: redis.Redis, unique: str, started: list[Sink]
+) -> None:
+    """Only a refusal about the window's own keys is a dead letter; OOM, READONLY, ... are waited out."""
+    topic = f"{unique}.aggregates"
+    ensure_topics(kafka_bootstrap, [topic], partitions=2)
+    updates = window_updates(unique, "abcd", range(0, 5_000, 1_000), versions=3, seed=12)
+    settings = sink_settings(
+        kafka_bootstrap, redis_url, topic, unique, commit_interval_ms=100, redis_retry_max_backoff_ms=200
+    )
+    sink = start(started, settings)
+    run_until(sink, lambda: bool(sink.assignment()))
+    redis_client.config_set("maxmemory", 1)  # with the default noeviction policy: writes refused (OOM)
+    try:
+        produce_updates(kafka_bootstrap, topic, updates)
+        run_until(sink, lambda: sink.paused, timeout_s=30)
+        for _ in range(5):
+            sink.run_once()
+        assert sink.paused and redis_state(redis_client, unique) == {}
+    finally:
+        redis_client.config_set("maxmemory", 0)
+    run_until(sink, lambda: redis_state(redis_client, unique) == oracle(updates))
+    assert not sink.paused
+    assert not any(m.value() for m in read_all(kafka_bootstrap, constants.dlq_topic(topic), timeout_s=3))
+
+
 def test_replicas_share_partitions_and_write_before_giving_them_up(
     kafka_bootstrap: str, redis_url: str, redis_client: redis.Redis, unique: str, started: list[Sink]
 ) -> None:
