@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import cast
 
 import uvicorn
 from pydantic import ValidationError
@@ -10,6 +11,7 @@ from pydantic import ValidationError
 from services.control.api import create_app
 from services.control.settings import ControlSettings
 from shared.logs import configure_logging
+from shared.telemetry import TracingSettings, setup_tracing, shutdown_tracing
 
 
 def main() -> int:
@@ -25,8 +27,14 @@ def main() -> int:
         )
     elif not settings.tokens:
         log.warning("no SF_CONTROL_TOKENS: reads are open and every change is refused (401)")
-    # uvicorn drains in-flight requests on SIGTERM; the app's lifespan then stops gRPC and the supervisor.
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning")
+    tracer = setup_tracing("control", cast(TracingSettings, settings))
+    try:
+        # uvicorn drains in-flight requests on SIGTERM; the app's lifespan then stops gRPC and the
+        # supervisor.
+        app = create_app(settings, tracer=tracer)
+        uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")
+    finally:
+        shutdown_tracing()
     return 0
 
 

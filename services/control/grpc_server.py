@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -51,8 +52,11 @@ class RegistryServicer(pb_grpc.RegistryServicer):
 class ControlGrpcServer:
     """Registry + health on host:port (port 0: any free port; ``port`` says which after start)."""
 
-    def __init__(self, manager: JobManager, host: str, port: int) -> None:
-        self.server: Any = grpc.server(ThreadPoolExecutor(max_workers=8, thread_name_prefix="control-grpc"))
+    def __init__(self, manager: JobManager, host: str, port: int, interceptors: Sequence[Any] = ()) -> None:
+        self.server: Any = grpc.server(
+            ThreadPoolExecutor(max_workers=8, thread_name_prefix="control-grpc"),
+            interceptors=list(interceptors),
+        )
         pb_grpc.add_RegistryServicer_to_server(RegistryServicer(manager), self.server)
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)

@@ -16,6 +16,7 @@ never while holding a lock; every state change goes through the transition table
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import hashlib
 import logging
 import threading
@@ -450,7 +451,9 @@ class JobManager:
             if running is not None and not running.done():
                 return running
             try:
-                fut = self._executor.submit(self._guarded, kind, key, fn, *args)
+                # In the caller's context: a command an API request causes is part of its trace.
+                context = contextvars.copy_context()
+                fut = self._executor.submit(context.run, self._guarded, kind, key, fn, *args)
             except RuntimeError:  # shutting down
                 fut = Future()
                 fut.set_result(None)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -36,15 +38,18 @@ def code_of(error: grpc.RpcError) -> grpc.StatusCode:
 
 
 class Peers:
-    def __init__(self) -> None:
+    def __init__(self, interceptors: Sequence[Any] = ()) -> None:
         self._channels: dict[str, grpc.Channel] = {}
         self._lock = threading.Lock()
+        self._interceptors = list(interceptors)  # e.g. tracing: the caller's trace goes along
 
     def channel(self, target: str) -> grpc.Channel:
         with self._lock:
             ch = self._channels.get(target)
             if ch is None:
                 ch = grpc.insecure_channel(target)
+                if self._interceptors:
+                    ch = grpc.intercept_channel(ch, *self._interceptors)
                 self._channels[target] = ch
             return ch
 

@@ -10,28 +10,44 @@ import logging
 import threading
 
 import redis
+from opentelemetry import trace
 
 from services.control.grpc_server import ControlGrpcServer
 from services.control.manager import Clock, JobManager, wall_clock_ms
 from services.control.peers import Peers
 from services.control.settings import ControlSettings
 from services.control.store import InstanceStore, JobStore
+from shared.telemetry import grpc_client_interceptor, grpc_server_interceptor
 
 log = logging.getLogger(__name__)
 
 
 class ControlPlane:
-    def __init__(self, settings: ControlSettings, clock: Clock = wall_clock_ms) -> None:
+    def __init__(
+        self, settings: ControlSettings, clock: Clock = wall_clock_ms, tracer: trace.Tracer | None = None
+    ) -> None:
         self.settings = settings
         self.redis = redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
         self.jobs = JobStore(self.redis)
         self.instances = InstanceStore(self.redis)
-        self.peers = Peers()
+        # With a tracer, commands carry the API request's trace to the instances, and the Registry's
+        # calls are spans of the instances' traces.
+        client = [grpc_client_interceptor(tracer)] if tracer is not None else []
+        server = [grpc_server_interceptor(tracer)] if tracer is not None else []
+        self.peers = Peers(client)
         self.manager = JobManager(settings, self.jobs, self.instances, self.peers, clock=clock)
-        self.grpc = ControlGrpcServer(self.manager, settings.grpc_host, settings.grpc_port)
+        self.grpc = ControlGrpcServer(self.manager, settings.grpc_host, settings.grpc_port, server)
         self.started = False
         self._users = 0  # an app's lifespan may run more than once at a time (test clients)
         self._lock = threading.Lock()
+
+    def metrics_urls(self) -> dict[str, str]:
+        """Prometheus endpoint of each service, from the live instances (first one per service)."""
+        urls: dict[str, str] = {}
+        for inst in self.instances.list():
+            if inst.health == "alive" and inst.metrics_port > 0:
+                urls.setdefault(inst.service, f"http://{inst.host}:{inst.metrics_port}/metrics")
+        return urls
 
     @property
     def grpc_target(self) -> str:

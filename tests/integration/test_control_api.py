@@ -14,12 +14,14 @@ import pytest
 import redis
 import yaml
 from fastapi.testclient import TestClient
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from services.control.api import create_app
 from services.control.plane import ControlPlane
 from services.sink.store import ResultStore
 from shared.jobspec import JobSpec
 from shared.records import WindowResult
+from shared.telemetry import provider_of, setup_tracing
 from tests.integration import test_control_fakes as fakes
 from tests.integration.test_control_fakes import (
     READ_TOKEN,
@@ -411,3 +413,22 @@ def test_readyz_checks_redis_grpc_and_kafka(api: TestClient) -> None:
     # Kafka is deliberately unreachable in these settings: readiness must say so, not pretend.
     assert resp.status_code == 503
     assert resp.json()["checks"] == {"redis": True, "kafka": False, "grpc": True}
+
+
+def test_requests_and_their_commands_are_traced(
+    control_redis_url: str, instances: list[FakeInstance], unique: str
+) -> None:
+    exported = InMemorySpanExporter()
+    settings = control_settings(control_redis_url, tracing_sample_ratio=1.0)
+    tracer = setup_tracing("control-test", settings, exporter=exported)
+    with TestClient(create_app(settings, tracer=tracer)) as client:
+        plane: ControlPlane = client.app.state.plane  # type: ignore[attr-defined]
+        p = FakeProcessor(plane.grpc_target).start()
+        instances.append(p)
+        assert submit(client, spec(unique)).status_code == 201
+        provider_of(tracer).force_flush()
+    spans = exported.get_finished_spans()
+    start = next(s for s in spans if s.name == "streamforge.v1.JobCommands/StartJob")
+    request = next(s for s in spans if s.attributes and s.attributes.get("http.route") == "/jobs")
+    assert start.context.trace_id == request.context.trace_id  # the command is part of the request
+    assert any(s.name == "streamforge.v1.Registry/Register" for s in spans)

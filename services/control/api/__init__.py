@@ -9,12 +9,16 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
+from opentelemetry import trace
 
+from services.control import dashboard
 from services.control.api.routes import cluster, health, jobs, services
+from services.control.dashboard.settings import DashboardSettings
 from services.control.errors import ControlError
 from services.control.plane import ControlPlane
 from services.control.settings import ControlSettings
 from shared.jobspec import JobSpec
+from shared.telemetry import fastapi_telemetry
 
 DESCRIPTION = """\
 Submit, watch, cancel and savepoint declarative window jobs; see the registered ingest, processor
@@ -25,10 +29,12 @@ scope, changes the `write` scope. Errors are 4xx with a `detail` that says what 
 """
 
 
-def create_app(settings: ControlSettings, plane: ControlPlane | None = None) -> FastAPI:
+def create_app(
+    settings: ControlSettings, plane: ControlPlane | None = None, tracer: trace.Tracer | None = None
+) -> FastAPI:
     """The app. Without ``plane`` it builds one and runs it from startup to shutdown; a given plane is
-    the caller's to start and stop (tests)."""
-    control = plane or ControlPlane(settings)
+    the caller's to start and stop (tests). With ``tracer`` requests and gRPC commands are traced."""
+    control = plane or ControlPlane(settings, tracer=tracer)
     owned = plane is None
 
     @asynccontextmanager
@@ -41,8 +47,13 @@ def create_app(settings: ControlSettings, plane: ControlPlane | None = None) -> 
             if owned:
                 control.stop()
 
+    telemetry: dict[str, Any] = {"telemetry": fastapi_telemetry(tracer)} if tracer is not None else {}
     app = FastAPI(
-        title="StreamForge control API", version="0.2.0", description=DESCRIPTION, lifespan=lifespan
+        title="StreamForge control API",
+        version="0.2.0",
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        **telemetry,
     )
     app.state.settings = settings
     app.state.plane = control
@@ -51,8 +62,9 @@ def create_app(settings: ControlSettings, plane: ControlPlane | None = None) -> 
     async def control_error(_request: Request, exc: ControlError) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=exc.http_status)
 
-    for router in (health.router, jobs.router, services.router, cluster.router):
+    for router in (health.router, jobs.router, services.router, cluster.router, dashboard.router):
         app.include_router(router)
+    app.state.dashboard_sources = _dashboard_sources(control)
 
     def openapi() -> dict[str, Any]:
         # POST /jobs reads its body by hand (JSON or YAML): add the JobSpec schema it refers to.
@@ -70,3 +82,25 @@ def create_app(settings: ControlSettings, plane: ControlPlane | None = None) -> 
 
     app.openapi = openapi  # type: ignore[method-assign]
     return app
+
+
+def _dashboard_sources(control: ControlPlane) -> dashboard.DashboardSources:
+    """The dashboard scrapes the live instances the registry knows (SF_DASHBOARD_* fill the gaps)."""
+    configured = DashboardSettings()
+
+    def metrics_urls() -> dict[str, str]:
+        try:
+            live = control.metrics_urls()
+        except ControlError:  # the job store is down: the configured endpoints still work
+            live = {}
+        return {**configured.metrics_urls, **live}
+
+    return dashboard.DashboardSources(
+        metrics_urls=metrics_urls,
+        redis=control.redis,
+        jobs=tuple(configured.jobs),
+        aliases=configured.aliases,
+        windows=configured.windows,
+        max_keys=configured.max_keys,
+        scrape_timeout_s=configured.scrape_timeout_s,
+    )

@@ -63,7 +63,7 @@ class DashboardSources:
     windows: int = 12  # latest windows per job in the chart
     max_keys: int = 8  # keys drawn in the chart; the rest are summed into "(other)"
     scrape_timeout_s: float = 1.5
-    _history: dict[tuple[str, str], _Series] = field(default_factory=dict, init=False, repr=False)
+    _history: dict[tuple[str, str, str], _Series] = field(default_factory=dict, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     def urls(self) -> dict[str, str]:
@@ -209,33 +209,53 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+def _merge(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """One service's rows for a job from several instances (replicas): totals add up, worst case wins."""
+    if len(rows) == 1:
+        return {**rows[0], "instances": 1}
+    merged: dict[str, Any] = {
+        "instances": len(rows),
+        "records_total": sum(r["records_total"] for r in rows),
+        "throughput_rps": round(sum(r["throughput_rps"] for r in rows), 3),
+        "latency_avg_s": _max(r.get("latency_avg_s") for r in rows),
+        "latency_p95_s": _max(r.get("latency_p95_s") for r in rows),
+    }
+    for name in ("late_events_total", "dlq_events_total", "consumer_lag_records", "state_size_bytes"):
+        if any(name in r for r in rows):
+            merged[name] = sum(r.get(name, 0.0) for r in rows)
+    for name in ("watermark_lag_ms", "write_reduction_ratio"):
+        if any(name in r for r in rows):
+            merged[name] = _max(r.get(name) for r in rows)
+    return merged
+
+
 async def collect(sources: DashboardSources, now: float | None = None) -> dict[str, Any]:
     """The JSON of GET /dashboard/data."""
-    urls = sources.urls()
+    # One scrape per endpoint, even when two names (configured, registered) point at it.
+    first_name: dict[str, str] = {}
+    for name, url in sources.urls().items():
+        first_name.setdefault(url, name)
+    urls = {name: url for url, name in first_name.items()}
     texts = await _scrape_all(urls, sources.scrape_timeout_s)
     now = time.monotonic() if now is None else now
     status: dict[str, dict[str, Any]] = {}
-    per_job: dict[str, dict[str, dict[str, Any]]] = {}
+    rows: dict[str, dict[str, list[dict[str, Any]]]] = {}
     with sources._lock:
-        for service, text in texts.items():
+        for source, text in texts.items():
             if isinstance(text, Exception):
-                status[service] = {
-                    "url": urls[service],
-                    "ok": False,
-                    "error": f"{type(text).__name__}: {text}",
-                }
+                status[source] = {"url": urls[source], "ok": False, "error": f"{type(text).__name__}: {text}"}
                 continue
             try:
-                parsed = _parse(text, service)
+                parsed = _parse(text, source)
             except ValueError as e:  # not exposition format: say so, keep the other sources
-                status[service] = {"url": urls[service], "ok": False, "error": f"unparsable metrics: {e}"}
+                status[source] = {"url": urls[source], "ok": False, "error": f"unparsable metrics: {e}"}
                 continue
-            status[service] = {"url": urls[service], "ok": True, "error": None}
+            status[source] = {"url": urls[source], "ok": True, "error": None}
             for (svc, label), values in parsed.items():
                 job = sources.aliases.get(label, label)
                 if not job:
                     continue
-                series = sources._history.setdefault((svc, label), _Series())
+                series = sources._history.setdefault((urls[source], svc, label), _Series())
                 _update(series, now, values)
                 row = {
                     "records_total": series.records_total,
@@ -246,7 +266,8 @@ async def collect(sources: DashboardSources, now: float | None = None) -> dict[s
                 for name in (*_GAUGES.values(), "late_events_total", "dlq_events_total"):
                     if name in values:
                         row[name] = values[name]
-                per_job.setdefault(job, {})[svc] = row
+                rows.setdefault(job, {}).setdefault(svc, []).append(row)
+    per_job = {job: {svc: _merge(r) for svc, r in by_svc.items()} for job, by_svc in rows.items()}
 
     redis_error = None
     windows: dict[str, Any] = {}
