@@ -40,3 +40,9 @@ class SpecRejected(ControlError):
 
 class StoreUnavailable(ControlError):
     http_status = 503
+
+
+class PathRefused(ControlError):
+    """A savepoint path outside the directories control lets callers name."""
+
+    http_status = 422

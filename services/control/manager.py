@@ -19,21 +19,24 @@ import contextlib
 import contextvars
 import hashlib
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from pathlib import Path
 from typing import Any
 
 import grpc
+import orjson
 
-from services.control.errors import ControlError, IllegalTransition, JobConflict, JobNotFound
+from services.control.errors import ControlError, IllegalTransition, JobConflict, JobNotFound, PathRefused
 from services.control.lifecycle import ACTIVE_STATES, JobState, allowed_next, can_transition
 from services.control.peers import TRANSIENT_CODES, Peers, code_of, describe
 from services.control.settings import ControlSettings
 from services.control.store import InstanceRecord, InstanceStore, JobRecord, JobStore
-from shared.jobspec import JobSpec
+from shared.jobspec import JobSpec, spec_to_json
 from shared.metrics import (
     CONTROL_COMMANDS,
     CONTROL_HEARTBEATS,
@@ -111,11 +114,16 @@ class JobManager:
 
     def _supervise(self) -> None:
         interval_s = self.settings.sweep_interval_ms / 1000
+        failing = False
         while not self._stopping.is_set():
             try:
                 self.sweep()
-            except ControlError as e:  # e.g. Redis down: say so, keep trying
-                log.warning("supervisor: %s", e)
+                if failing:
+                    log.info("supervisor: sweeping again")
+                failing = False
+            except ControlError as e:  # e.g. Redis down: say so once, keep trying
+                log.log(logging.DEBUG if failing else logging.WARNING, "supervisor: %s (retrying)", e)
+                failing = True
             except Exception:  # the supervisor must outlive any one bad sweep
                 log.exception("supervisor sweep failed")
             self._wake.wait(interval_s)
@@ -298,11 +306,29 @@ class JobManager:
         self.wake()
 
     # --- job commands (called by the REST API) ---------------------------------------------------------
-    def submit(self, spec: JobSpec, from_savepoint: str = "", wait_s: float = 0.0) -> JobRecord:
+    def check_savepoint_path(self, path: str, what: str) -> None:
+        """Callers name savepoint paths the processor reads or writes: keep them under the roots."""
+        if not path:
+            return
+        roots = self.settings.allowed_savepoint_roots()
+        normal = Path(os.path.normpath(path))
+        if not normal.is_absolute() or not any(normal == r or r in normal.parents for r in roots):
+            allowed = ", ".join(str(r) for r in roots)
+            raise PathRefused(
+                f"{what} {path!r} is not an absolute path under {allowed}; "
+                "use a savepoint path control returned, or allow its directory in SF_CONTROL_SAVEPOINT_ROOTS"
+            )
+
+    def submit(
+        self, spec: JobSpec, from_savepoint: str = "", wait_s: float = 0.0, *, trusted_savepoint: bool = False
+    ) -> JobRecord:
+        """Store the job (CREATED) and start it; ``trusted_savepoint``: the path came from a processor."""
+        if not trusted_savepoint:
+            self.check_savepoint_path(from_savepoint, "from_savepoint")
         now = self.clock()
         record = JobRecord(
             id=spec.id,
-            spec=spec.model_dump(mode="json", by_alias=True),
+            spec=orjson.loads(spec_to_json(spec)),
             created_at_ms=now,
             updated_at_ms=now,
             from_savepoint=from_savepoint,
@@ -344,6 +370,7 @@ class JobManager:
 
     def savepoint(self, job_id: str, directory: str = "", wait_s: float = 0.0) -> JobRecord:
         """Stop the job at a batch boundary with a savepoint; it ends FINISHED with savepoint_path."""
+        self.check_savepoint_path(directory, "directory")
 
         def stop(j: JobRecord) -> JobRecord:
             if j.state != JobState.RUNNING:

@@ -7,7 +7,9 @@ demos only); once ``SF_CONTROL_TOKENS`` holds tokens, reads need the ``read`` sc
 
 from __future__ import annotations
 
+import os
 from enum import StrEnum
+from pathlib import Path
 
 from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -55,6 +57,9 @@ class ControlSettings(BaseServiceSettings):
     request_wait_ms: int = Field(30_000, ge=0)
     # Where the processor puts savepoints when a request names no directory (empty: its own default).
     savepoint_dir: str = ""
+    # Directories a caller may name for savepoints (from_savepoint, savepoint directory, resume): the
+    # processor reads and writes there. Empty: <data_dir>/savepoints (the processor's default).
+    savepoint_roots: list[str] = Field(default_factory=list)
     max_spec_bytes: int = Field(1_048_576, ge=1_024)
 
     @model_validator(mode="after")
@@ -70,6 +75,10 @@ class ControlSettings(BaseServiceSettings):
             if not scopes:
                 raise ValueError("every token in SF_CONTROL_TOKENS needs at least one scope (read, write)")
         return self
+
+    def allowed_savepoint_roots(self) -> list[Path]:
+        roots = self.savepoint_roots or [str(Path(self.data_dir) / "savepoints")]
+        return [Path(os.path.normpath(Path(r).resolve())) for r in roots]
 
 
 class CliSettings(BaseSettings):

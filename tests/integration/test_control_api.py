@@ -254,6 +254,21 @@ def test_savepoint_then_resume_from_it_under_the_same_and_a_new_id(
     assert bad.status_code == 422
 
 
+@pytest.mark.parametrize("path", ["/etc/passwd", "../../etc", "tmp/sp", "/tmp/../etc/sp"])
+def test_savepoint_paths_outside_the_roots_are_refused(
+    api: TestClient, plane: ControlPlane, instances: list[FakeInstance], unique: str, path: str
+) -> None:
+    p = processor(plane, instances)
+    refused = submit(api, spec(unique), from_savepoint=path)
+    assert refused.status_code == 422
+    assert "is not an absolute path under /tmp" in refused.json()["detail"]
+    assert not p.starts
+    assert submit(api, spec(unique)).status_code == 201
+    refused = api.post(f"/jobs/{unique}/savepoint", params={"directory": path}, headers=auth())
+    assert refused.status_code == 422 and "SF_CONTROL_SAVEPOINT_ROOTS" in refused.json()["detail"]
+    assert state_of(api, unique) == "RUNNING"
+
+
 def test_submit_from_savepoint_and_resume_without_one(
     api: TestClient, plane: ControlPlane, instances: list[FakeInstance], unique: str
 ) -> None:

@@ -60,6 +60,7 @@ def control_settings(redis_url: str, **overrides: Any) -> ControlSettings:
         "kafka_bootstrap": "127.0.0.1:1",
         "grpc_port": 0,
         "tokens": {WRITE_TOKEN: ["read", "write"], READ_TOKEN: ["read"]},
+        "savepoint_roots": ["/tmp"],
         **FAST,
         **overrides,
     }

@@ -214,7 +214,8 @@ def resume_job(
         spec = JobSpec.model_validate({**old.spec, "id": new_id or job_id})
     except ValueError as e:  # the stored spec no longer validates (the spec format moved on)
         raise HTTPException(422, f"the stored spec of {job_id!r} is no longer valid: {e}") from e
-    job = manager.submit(spec, path, _wait_s(settings, wait))
+    # The job's own savepoint path came from its processor; a path the caller names is checked.
+    job = manager.submit(spec, path, _wait_s(settings, wait), trusted_savepoint=not savepoint)
     if job.state == JobState.FAILED:
         raise SpecRejected(job.message)
     return JobOut.of(job)
