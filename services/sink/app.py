@@ -17,11 +17,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable
+from contextlib import ExitStack
 
 import redis
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from opentelemetry import trace
 from pydantic import ValidationError
 from redis.backoff import NoBackoff
 from redis.retry import Retry
@@ -36,6 +38,7 @@ from shared.jobspec import JobSpec
 from shared.kafka import consumer_config, coordinates, dead_letter_headers, ensure_topics, is_record
 from shared.metrics import DLQ_EVENTS, PROCESSING_LATENCY, RECORDS_PROCESSED
 from shared.records import RESERVED_FIELDS, WindowResult
+from shared.telemetry import redis_write_span, sampled_traceparent
 
 log = logging.getLogger(__name__)
 SERVICE = "sink"
@@ -61,9 +64,15 @@ def parse_update(value: bytes) -> WindowResult:
 
 
 class Sink:
-    def __init__(self, settings: SinkSettings, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        settings: SinkSettings,
+        clock: Callable[[], float] = time.monotonic,
+        tracer: trace.Tracer | None = None,
+    ) -> None:
         self.settings = settings
         self._clock = clock
+        self._tracer = tracer if tracer is not None else trace.get_tracer("streamforge.sink")
         self._stop = threading.Event()
         self._consumer: Consumer | None = None
         self._producer: Producer | None = None
@@ -263,7 +272,9 @@ class Sink:
                 self._dead_letter(msg, type(e).__name__, str(e))
                 continue
             per_job[result.job_id] += 1
-            entry = CacheEntry(result, entry_size(value), topic, partition, offset)
+            headers = msg.headers()  # a consumed record's headers are a list (or None)
+            traceparent = sampled_traceparent(headers) if isinstance(headers, list) else None
+            entry = CacheEntry(result, entry_size(value), topic, partition, offset, traceparent)
             self._evicted += self.cache.put(entry)
         for job, n in per_job.items():
             m.UPDATES_RECEIVED.labels(job).inc(n)
@@ -307,12 +318,19 @@ class Sink:
         self._positions.clear()
 
     def _write(self, entries: list[CacheEntry], reason: str) -> None:
-        outcome = self.store.write([e.result for e in entries])
+        by_job: defaultdict[str, list[CacheEntry]] = defaultdict(list)
+        for e in entries:
+            by_job[e.result.job_id].append(e)
+        # One pipeline for every job; each job's span joins the traces of its sampled updates.
+        with ExitStack() as spans:
+            for job, of_job in by_job.items():
+                traceparents = [e.traceparent for e in of_job if e.traceparent]
+                spans.enter_context(redis_write_span(self._tracer, traceparents, job, windows=len(of_job)))
+            outcome = self.store.write([e.result for e in entries])
         m.FLUSHES.labels(reason).inc()
-        per_job = Counter(e.result.job_id for e in entries)
-        for job, n in per_job.items():
-            m.REDIS_WRITES.labels(job).inc(n)
-            self.written[job] += n
+        for job, of_job in by_job.items():
+            m.REDIS_WRITES.labels(job).inc(len(of_job))
+            self.written[job] += len(of_job)
             m.WRITE_REDUCTION_RATIO.labels(job).set(self.received[job] / self.written[job])
         for job, n in Counter(entries[i].result.job_id for i in outcome.stale).items():
             m.STALE_UPDATES.labels(job).inc(n)

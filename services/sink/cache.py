@@ -35,6 +35,8 @@ class CacheEntry:
     topic: str
     partition: int
     offset: int
+    # The update's W3C traceparent when its trace is sampled: its Redis write joins that trace.
+    traceparent: str | None = None
 
     @property
     def source(self) -> TopicPartitionKey:

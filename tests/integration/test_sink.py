@@ -9,12 +9,15 @@ import json
 import random
 import time
 from collections.abc import Callable, Iterable, Iterator
+from typing import cast
 
 import grpc
 import pytest
 import redis
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 from fastapi.testclient import TestClient
+from opentelemetry import trace
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from infra.stack import StackConfig, redis_server
 from services.control.api import create_app
@@ -29,6 +32,7 @@ from shared.kafka import ensure_topics
 from shared.proto import streamforge_pb2 as pb
 from shared.proto import streamforge_pb2_grpc as pb_grpc
 from shared.records import WindowResult
+from shared.telemetry import TRACEPARENT, TracingSettings, flush_tracing, setup_tracing
 from tests.kafka_util import produce_all, produce_keyed, read_all
 
 pytestmark = pytest.mark.integration
@@ -149,8 +153,13 @@ def started() -> Iterator[list[Sink]]:
         s.close()
 
 
-def start(sinks: list[Sink], settings: SinkSettings, clock: Callable[[], float] = time.monotonic) -> Sink:
-    sink = Sink(settings, clock=clock)
+def start(
+    sinks: list[Sink],
+    settings: SinkSettings,
+    clock: Callable[[], float] = time.monotonic,
+    tracer: trace.Tracer | None = None,
+) -> Sink:
+    sink = Sink(settings, clock=clock, tracer=tracer)
     sink.start()
     sinks.append(sink)
     return sink
@@ -451,3 +460,32 @@ def test_control_applies_jobs_and_the_sink_follows_their_output_topics(
     produce_updates(kafka_bootstrap, windowed_out, updates)
     run_until(sink, lambda: redis_state(redis_client, unique) == oracle(updates))
     assert sink.topics == sorted([configured, windowed_out])
+
+
+def test_a_redis_write_joins_the_traces_of_the_sampled_updates_it_carries(
+    kafka_bootstrap: str, redis_url: str, redis_client: redis.Redis, unique: str, started: list[Sink]
+) -> None:
+    topic = f"{unique}.aggregates"
+    ensure_topics(kafka_bootstrap, [topic], partitions=1)
+    settings = sink_settings(kafka_bootstrap, redis_url, topic, unique, commit_interval_ms=100)
+    exporter = InMemorySpanExporter()
+    tracer = setup_tracing("sink", cast(TracingSettings, settings), exporter=exporter)
+    traced, untraced = update(unique, "a", 0, 1, 10), update(unique, "b", 0, 1, 20)
+    trace_id = "ab" * 16
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    producer.produce(topic, traced.to_json(), headers=[(TRACEPARENT, f"00-{trace_id}-{'cd' * 8}-01")])
+    producer.produce(topic, untraced.to_json())
+    assert producer.flush(30) == 0
+    clock = ManualClock()
+    sink = start(started, settings, clock=clock, tracer=tracer)
+    run_until(sink, lambda: sink.received[unique] == 2)
+    clock.now += 1  # one commit interval: both updates in one write
+    run_until(sink, lambda: redis_state(redis_client, unique) == oracle([traced, untraced]))
+    assert flush_tracing()
+    writes = [s for s in exporter.get_finished_spans() if s.name == f"redis write {unique}"]
+    # The write's own span links to the sampled update; a copy of it is drawn inside that update's trace.
+    [batch] = [s for s in writes if s.parent is None]
+    [inside] = [s for s in writes if s.parent is not None]
+    assert [format(link.context.trace_id, "032x") for link in batch.links] == [trace_id]
+    assert format(inside.context.trace_id, "032x") == trace_id
+    assert batch.attributes is not None and batch.attributes["sf.windows"] == 2
