@@ -149,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("up", help="fetch, then start Redis and Kafka and wait until they answer")
     sub.add_parser("setup", help="check Java, fetch the jars, install redis-server and chromium when missing")
     down = sub.add_parser(
-        "down", help="stop every process with a pid file (services, then Redis, then Kafka)"
+        "down", help="stop every process with a pid file (services, then Zipkin, Redis, Kafka)"
     )
     down.add_argument("--all", action="store_true", help="also every run dir below --run-dir (demo, test)")
     sub.add_parser("status", help="table of processes, ports, memory")
