@@ -582,7 +582,9 @@ def spark_sampled_traceparent_sql(headers_column: str = "headers") -> str:
     values = (
         f"transform(filter({headers_column}, h -> h.key = '{TRACEPARENT}'), h -> CAST(h.value AS STRING))"
     )
-    return f"try_element_at(filter({values}, tp -> {_SPARK_IS_SAMPLED}), 1)"
+    # The last traceparent header counts (as in header_value); it is kept only if it says "sampled".
+    last = f"try_element_at({values}, -1)"
+    return f"try_element_at(filter(array({last}), tp -> {_SPARK_IS_SAMPLED}), 1)"
 
 
 def spark_observed_traceparents_sql(column: str = "traceparent", limit: int = MAX_BATCH_LINKS) -> str:

@@ -79,6 +79,16 @@ def _records(base_ms: int) -> list[tuple[bytes, bytes, list[tuple[str, bytes]]]]
             headers = [(TRACEPARENT, _traceparent(i + 1, "00").encode())]  # not sampled
         elif i == 7:
             headers = [(TRACEPARENT, b"00-not-a-traceparent")]
+        elif i == 8:  # repeated header: the last one counts, and it says "not sampled"
+            headers = [
+                (TRACEPARENT, _traceparent(90, "01").encode()),
+                (TRACEPARENT, _traceparent(91, "00").encode()),
+            ]
+        elif i == 9:  # repeated header: the last one counts, and it says "sampled"
+            headers = [
+                (TRACEPARENT, _traceparent(92, "00").encode()),
+                (TRACEPARENT, _traceparent(93, "01").encode()),
+            ]
         value = orjson.dumps({"page": page, "ts": base_ms + i * 250})
         out.append((page.encode(), value, headers))
     return out
@@ -137,7 +147,7 @@ def test_sampled_traceparents_reach_the_batch_span_and_the_window_headers(
 
     # Oracle: the sampled traceparents, and per window the greatest one (what max() picks in Spark).
     sampled = [tp for _, _, h in records if (tp := sampled_traceparent(h)) is not None]
-    assert len(sampled) == 4
+    assert len(sampled) == 5
     expected_headers: dict[tuple[str, int], str | None] = {}
     for _key, value, headers in records:
         e = orjson.loads(value)
