@@ -207,3 +207,179 @@ def rank_error(values: list[float], got: float, q: float) -> int:
     if highest < lowest:  # `got` is not one of the values
         return len(ordered)
     return 0 if lowest <= target <= highest else min(abs(target - lowest), abs(target - highest))
+
+
+# --- The shipped examples (services/processor/examples): data and plain-Python oracles ---------------
+# Each generator returns events in production order (some out of order, none late for its example's
+# watermark); each oracle says what the example's job must output, computed without the platform.
+WORDS = ("stream", "window", "spark", "kafka", "event", "time", "state", "flink", "watermark", "sink")
+
+
+def text_lines(n: int, *, start_ms: int, span_ms: int, seed: int = 3) -> list[dict[str, object]]:
+    """{doc, line, ts}: lines of 3 to 8 words in mixed case with punctuation."""
+    rng = random.Random(seed)
+    out: list[dict[str, object]] = []
+    for i in range(n):
+        words = [rng.choice(WORDS[: 4 + i % 7]) for _ in range(rng.randint(3, 8))]
+        words = [w.upper() if rng.random() < 0.2 else w for w in words]
+        line = rng.choice([" ", ", ", "  ", "; "]).join(words) + rng.choice(["", ".", "!"])
+        ts = start_ms + (i * span_ms) // n - rng.choice([0, 0, 0, rng.randint(1, 2_000)])
+        out.append({"doc": f"d{rng.randint(1, 5)}", "line": line, "ts": max(start_ms, ts)})
+    return out
+
+
+def oracle_word_counts(
+    lines: list[dict[str, object]], window_ms: int, delay_ms: int, more_than: int
+) -> dict[tuple[str, int], int]:
+    """Closed windows' word counts above ``more_than`` (all lines in one batch, so none is late)."""
+    counts: Counter[tuple[str, int]] = Counter()
+    closing = max(int(str(e["ts"])) for e in lines) - delay_ms
+    for e in lines:
+        ts = int(str(e["ts"]))
+        for word in "".join(c if "a" <= c <= "z" else " " for c in str(e["line"]).lower()).split():
+            counts[(word, ts - ts % window_ms)] += 1
+    return {k: n for k, n in counts.items() if n > more_than and k[1] + window_ms <= closing}
+
+
+def sensor_readings(
+    n: int, *, start_ms: int, span_ms: int, seed: int = 5, sensors: tuple[str, ...] = ("s1", "s2", "s3")
+) -> list[dict[str, object]]:
+    """{sensor_id, value, ts}: noisy readings around 50 with a few spikes above 100."""
+    rng = random.Random(seed)
+    out: list[dict[str, object]] = []
+    for i in range(n):
+        ts = start_ms + (i * span_ms) // n - rng.choice([0, 0, rng.randint(1, 3_000)])
+        value = round(rng.gauss(50, 15), 3) if rng.random() > 0.03 else round(rng.uniform(100.5, 180), 3)
+        out.append({"sensor_id": rng.choice(sensors), "value": value, "ts": max(start_ms, ts)})
+    return out
+
+
+def oracle_sliding_values(
+    events: list[dict[str, object]], size_ms: int, slide_ms: int, key_field: str, value_field: str
+) -> dict[tuple[str, int], list[float]]:
+    """The values in every sliding window (aligned to the epoch) per key, to compute statistics from."""
+    out: dict[tuple[str, int], list[float]] = {}
+    for e in events:
+        ts = int(str(e["ts"]))
+        for start in _sliding_starts(ts, size_ms, slide_ms):
+            out.setdefault((str(e[key_field]), start), []).append(float(str(e[value_field])))
+    return out
+
+
+def oracle_alerts(events: list[dict[str, object]], threshold: float) -> list[dict[str, object]]:
+    return [
+        {**e, "alert": "HIGH_VALUE", "threshold": threshold}
+        for e in events
+        if float(str(e["value"])) > threshold
+    ]
+
+
+def shop_events(n: int, *, start_ms: int, span_ms: int, seed: int = 9) -> list[dict[str, object]]:
+    """{category, product, ts}"""
+    rng = random.Random(seed)
+    categories = ("books", "games", "music", "garden")
+    return [
+        {
+            "category": rng.choices(categories, (4, 3, 2, 1))[0],
+            "product": f"p{rng.randint(1, 40)}",
+            "ts": max(start_ms, start_ms + (i * span_ms) // n - rng.choice([0, 0, rng.randint(1, 4_000)])),
+        }
+        for i in range(n)
+    ]
+
+
+def retried_payments(n: int, *, start_ms: int, span_ms: int, seed: int = 13) -> list[dict[str, object]]:
+    """{event_id, user, amount, ts}: n distinct events, about a quarter sent again up to 5 s later."""
+    rng = random.Random(seed)
+    sent: list[tuple[int, dict[str, object]]] = []
+    for i in range(n):
+        ts = start_ms + (i * span_ms) // n
+        event = {
+            "event_id": f"e-{i}",
+            "user": f"u{rng.randint(1, 9)}",
+            "amount": rng.randint(100, 9_999) / 100,
+            "ts": ts,
+        }
+        sent.append((ts, event))
+        if rng.random() < 0.25:  # the retry goes out later, as an identical copy
+            sent.append((ts + rng.randint(1, 5_000), dict(event)))
+    return [e for _, e in sorted(sent, key=lambda pair: pair[0])]
+
+
+def oracle_dedup(events: list[dict[str, object]], id_field: str) -> list[dict[str, object]]:
+    seen: dict[object, dict[str, object]] = {}
+    for e in events:
+        seen.setdefault(e[id_field], e)
+    return list(seen.values())
+
+
+def orders_and_payments(
+    n: int, *, start_ms: int, span_ms: int, seed: int = 17
+) -> tuple[list[dict[str, object]], list[dict[str, object]]]:
+    """Orders and their payments: most paid within 20 s, some twice, some after a minute, some never."""
+    rng = random.Random(seed)
+    orders: list[dict[str, object]] = []
+    payments: list[dict[str, object]] = []
+    for i in range(n):
+        ts = start_ms + (i * span_ms) // n
+        amount = rng.randint(500, 20_000) / 100
+        orders.append({"order_id": f"o{i}", "customer": f"c{rng.randint(1, 20)}", "amount": amount, "ts": ts})
+        fate = rng.random()
+        delays = [rng.randint(-2_000, 20_000)] if fate < 0.7 else []
+        delays += [rng.randint(0, 25_000)] if 0.6 < fate < 0.8 else []  # a second (split) payment
+        delays += [rng.randint(45_000, 90_000)] if 0.8 <= fate < 0.9 else []  # too late to join
+        for d in delays:
+            payments.append(
+                {"order_id": f"o{i}", "method": rng.choice(["card", "cash"]), "paid": amount, "ts": ts + d}
+            )
+    payments.sort(key=lambda p: int(str(p["ts"])))
+    return orders, payments
+
+
+def oracle_join(
+    left: list[dict[str, object]],
+    right: list[dict[str, object]],
+    *,
+    key: str,
+    time_field: str,
+    within_ms: int,
+    prefix: str,
+) -> list[dict[str, object]]:
+    """Inner join on ``key`` with |left time - right time| <= within (both ends included)."""
+    by_key: dict[object, list[dict[str, object]]] = {}
+    for r in right:
+        by_key.setdefault(r[key], []).append(r)
+    out = []
+    for l_row in left:
+        lt = int(str(l_row[time_field]))
+        for r in by_key.get(l_row[key], []):
+            if abs(int(str(r[time_field])) - lt) <= within_ms:
+                out.append({**l_row, **{prefix + k: v for k, v in r.items()}})
+    return out
+
+
+def log_lines(n: int, *, start_ms: int, span_ms: int, seed: int = 19) -> list[dict[str, object]]:
+    """{service, level, message, ts}: about one line in six mentions an error, in varying case."""
+    rng = random.Random(seed)
+    messages = (
+        "request served",
+        "cache miss",
+        "retrying upstream",
+        "ERROR: upstream timed out",
+        "connection reset (Error 104)",
+        "user logged in",
+        "an error page was shown",
+    )
+    return [
+        {
+            "service": rng.choice(["api", "web", "worker"]),
+            "level": rng.choice(["INFO", "WARN", "ERROR"]),
+            "message": rng.choices(messages, (10, 6, 4, 1, 1, 6, 1))[0],
+            "ts": start_ms + (i * span_ms) // n,
+        }
+        for i in range(n)
+    ]
+
+
+def oracle_error_lines(lines: list[dict[str, object]]) -> list[dict[str, object]]:
+    return [e for e in lines if "error" in str(e["message"]).lower()]

@@ -44,11 +44,12 @@ FORBIDDEN_FUNCTIONS = frozenset(
     }
 )
 _SUBQUERY_NODES = ("ScalarSubquery", "Exists", "ListQuery", "InSubquery", "LateralSubquery")
-# Plan nodes an analysed expression may add on top of its input relation.
+# Plan nodes an analysed expression may add on top of its (empty, local) input relation.
+_INPUT_NODES = frozenset({"LocalRelation", "LogicalRDD"})
 _ALLOWED_NODES: dict[Role, frozenset[str]] = {
-    "derive": frozenset({"Project", "Generate", "LocalRelation"}),
-    "filter": frozenset({"Filter", "LocalRelation"}),
-    "having": frozenset({"Filter", "LocalRelation"}),
+    "derive": frozenset({"Project", "Generate"}) | _INPUT_NODES,
+    "filter": frozenset({"Filter"}) | _INPUT_NODES,
+    "having": frozenset({"Filter"}) | _INPUT_NODES,
 }
 
 

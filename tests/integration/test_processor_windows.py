@@ -35,9 +35,9 @@ pytestmark = pytest.mark.integration
 
 BASE = 1_767_225_600_000
 KEYS = ("a", "b", "c")
-OOO_MS, LATENESS_MS = 2_000, 2_000
+OOO_MS, LATENESS_MS = 3_000, 3_000
 DELAY_MS = OOO_MS + LATENESS_MS
-ROUND_STRIDE_MS, ROUND_SPAN_MS = 3_000, 2_900  # a round's events lie within less than the delay
+ROUND_STRIDE_MS, ROUND_SPAN_MS = 6_000, 5_800  # a round's events lie within less than the delay
 ACCURACY = 100
 AGGREGATIONS = [
     {"fn": "count", "as": "n"},
@@ -87,7 +87,7 @@ def _window_ends(spec: JobSpec, ts: int) -> list[int]:
     return [s + w.size for s in range(first, ts + 1, slide) if s <= ts < s + w.size]
 
 
-def make_rounds(spec: JobSpec, seed: int, n_rounds: int = 7) -> list[list[dict[str, object]]]:
+def make_rounds(spec: JobSpec, seed: int, n_rounds: int = 4) -> list[list[dict[str, object]]]:
     """Rounds of shuffled events within ROUND_SPAN_MS, plus events behind the previous rounds'
     watermark: late for every window, or (sliding) late for some windows only."""
     rng = random.Random(seed)
@@ -95,7 +95,7 @@ def make_rounds(spec: JobSpec, seed: int, n_rounds: int = 7) -> list[list[dict[s
     max_seen: int | None = None
     for r in range(n_rounds):
         start = BASE + r * ROUND_STRIDE_MS
-        per_key = 6 if spec.window.type == "session" else 14
+        per_key = 8 if spec.window.type == "session" else 24
         events = [
             {
                 "k": k,
