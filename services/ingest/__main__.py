@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import signal
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from services.ingest.app import Ingest
 from services.ingest.errors import FatalKafkaError
@@ -18,6 +18,7 @@ from shared.errors import StreamForgeError
 from shared.logs import configure_logging
 from shared.metrics import serve_metrics
 from shared.registry import Registration, start_registration
+from shared.telemetry import TracingSettings, grpc_server_interceptor, setup_tracing, shutdown_tracing
 
 if TYPE_CHECKING:
     from services.ingest.grpc_server import GrpcServer
@@ -29,8 +30,14 @@ def main() -> int:
     log = configure_logging("ingest", settings.log_level)
     try:
         streams = load_configured_streams(settings.job_specs, settings.streams_file)
-        ingest = Ingest(settings, streams)
     except StreamForgeError as e:  # a bad spec or setting: say what to fix, do not start
+        log.error("%s", e)
+        return 2
+    # cast: TracingSettings declares tracing_exporter as str, the settings narrow it to a Literal.
+    tracer = setup_tracing("ingest", cast(TracingSettings, settings))
+    try:
+        ingest = Ingest(settings, streams, tracer=tracer)
+    except StreamForgeError as e:
         log.error("%s", e)
         return 2
     signal.signal(signal.SIGTERM, lambda *_: ingest.stop())
@@ -46,13 +53,15 @@ def main() -> int:
         if settings.grpc_port:
             from services.ingest.grpc_server import GrpcServer
 
-            grpc_server = GrpcServer(ingest, settings.grpc_host, settings.grpc_port)
+            grpc_server = GrpcServer(
+                ingest, settings.grpc_host, settings.grpc_port, [grpc_server_interceptor(tracer)]
+            )
             grpc_server.start()
         if settings.http_port:
             from services.ingest.http import HttpIngest, HttpServer, create_app
 
             gateway = HttpIngest(ingest)
-            http_server = HttpServer(create_app(gateway), settings.http_host, settings.http_port)
+            http_server = HttpServer(create_app(gateway, tracer), settings.http_host, settings.http_port)
             http_server.start()
         # The metrics port opens once the service is really running: stack readiness relies on it.
         serve_metrics(settings.metrics_port)
@@ -76,6 +85,7 @@ def main() -> int:
             gateway.close()
         if grpc_server is not None:
             grpc_server.stop()
+        shutdown_tracing()
     log.info("stopped")
     return 0
 

@@ -22,7 +22,7 @@ import time
 from collections import Counter as Tally
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -33,6 +33,7 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
+from opentelemetry import trace
 
 from services.ingest.errors import FatalKafkaError, IngestError, StreamConfigError
 from services.ingest.progress import GroupProgress
@@ -61,6 +62,7 @@ from shared.metrics import (
     WATERMARK_LAG_MS,
     WATERMARK_MS,
 )
+from shared.telemetry import ReceiveSpans, RecordGate
 
 log = logging.getLogger(__name__)
 SERVICE = "ingest"
@@ -103,6 +105,7 @@ class Ingest:
         settings: IngestSettings,
         streams: Iterable[StreamDefinition],
         now_ms: NowGetter = wall_clock_ms,
+        tracer: trace.Tracer | None = None,
     ) -> None:
         self.settings = settings
         # The streams of the local configuration stay; the control plane adds its own to them.
@@ -120,6 +123,9 @@ class Ingest:
             min_event_time_ms=settings.min_event_time_ms,
         )
         self.now_ms = now_ms
+        # Without a tracer from shared.telemetry.setup_tracing the gate is off: no record is traced.
+        self.tracer = tracer or trace.get_tracer("streamforge.ingest")
+        self._gate = RecordGate(self.tracer)
         self.watermarks: dict[str, StreamWatermark] = {}
         self._validators: dict[str, RecordValidator] = {}
         self.progress: GroupProgress | None = None
@@ -355,11 +361,14 @@ class Ingest:
             return BatchStats()
         started = time.perf_counter()
         snapshot = {t: w.snapshot() for t, w in self.watermarks.items()}
+        receipts = ReceiveSpans(self.tracer)
         try:
-            stats, topics = self._transact(records)
+            stats, topics = self._transact(records, receipts)
         except KafkaException as e:
+            receipts.end(e)
             self._abort(e, records, snapshot, rebalances)
             return BatchStats()
+        receipts.end()  # a traced record's receive span lasts until its transaction committed
         elapsed = time.perf_counter() - started
         for topic in topics:
             PROCESSING_LATENCY.labels(SERVICE, topic).observe(elapsed)
@@ -392,7 +401,7 @@ class Ingest:
             v = self._validators[topic] = RecordValidator(self.streams[topic].source, self.policy)
         return v
 
-    def _transact(self, records: list[Consumed]) -> tuple[BatchStats, set[str]]:
+    def _transact(self, records: list[Consumed], receipts: ReceiveSpans) -> tuple[BatchStats, set[str]]:
         """One transaction: every record of the batch to exactly one of valid, late or DLQ, plus the
         offsets with their partitions' watermark progress. Per-record work stays in this loop."""
         assert self._consumer is not None and self._producer is not None
@@ -411,19 +420,30 @@ class Ingest:
         late: Tally[str] = Tally()
         rejected: Tally[tuple[str, str]] = Tally()
         ends: dict[tuple[str, int], int] = {}
+        gate = self._gate
+        roots = gate.roots(len(records))  # the records that start a trace (empty when tracing is off)
         for i, (m, topic, partition, offset) in enumerate(records):
             ends[(topic, partition)] = offset + 1  # a partition's records come in offset order
             result = validators[topic].check(m.value(), now)
             if type(result) is Rejection:
-                headers = dead_letter_headers(m, result.error_class, result.message, SERVICE)
-                produce(targets[topic][2], m.key(), m.value(), headers)
+                produce(
+                    targets[topic][2],
+                    m.key(),
+                    m.value(),
+                    dead_letter_headers(m, result.error_class, result.message, SERVICE),
+                )
                 rejected[(topic, result.error_class)] += 1
                 continue
             assert type(result) is ValidEvent
+            headers: Any = m.headers()  # a list of (name, value) pairs, or None
+            if headers or i in roots:  # rare: a producer's trace context, or a record chosen to trace
+                parent = gate.context_for(headers, i in roots)
+                if parent is not None:
+                    headers = receipts.start(parent, headers, topic, partition, offset)
             verdict = watermarks[topic].observe(partition, result.event_time_ms, now)
             if verdict.late:
                 headers = [
-                    *_headers_of(m),
+                    *(headers or ()),
                     (constants.HDR_LATE_WATERMARK_MS, str(verdict.watermark_ms).encode()),
                     (constants.HDR_LATE_EVENT_TIME_MS, str(result.event_time_ms).encode()),
                     (
@@ -441,7 +461,7 @@ class Ingest:
                     targets[topic][0],
                     result.key.encode(),
                     result.value,
-                    _headers_of(m) or None,
+                    headers or None,
                     result.event_time_ms,
                 )
                 forwarded[topic] += 1
@@ -572,11 +592,6 @@ def _retrying(call: Callable[[], object], attempts: int = 5) -> None:
             if not (isinstance(kerr, KafkaError) and kerr.retriable()) or attempt == attempts - 1:
                 raise
             log.warning("retrying after a retriable error: %s", kerr)
-
-
-def _headers_of(m: Message) -> Headers:
-    # confluent-kafka returns a record's headers as a list of (name, value) pairs, or None.
-    return cast(Headers, m.headers() or [])
 
 
 def _names(partitions: Iterable[TopicPartition]) -> str:

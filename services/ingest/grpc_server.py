@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from concurrent import futures
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -43,9 +45,12 @@ class StreamConfigService(pb_grpc.StreamConfigServicer):
 
 
 class GrpcServer:
-    def __init__(self, ingest: Ingest, host: str, port: int) -> None:
+    def __init__(self, ingest: Ingest, host: str, port: int, interceptors: Sequence[Any] = ()) -> None:
         self.address = f"{host}:{port}"
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="ingest-grpc"))
+        self.server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="ingest-grpc"),
+            interceptors=list(interceptors),
+        )
         self.health = health.HealthServicer()
         pb_grpc.add_StreamConfigServicer_to_server(StreamConfigService(ingest), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)

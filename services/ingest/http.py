@@ -25,6 +25,8 @@ from confluent_kafka import KafkaError, Message, Producer
 from fastapi import Depends, FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
 
 from services.ingest.app import Ingest
 from services.ingest.errors import IngestError
@@ -32,6 +34,13 @@ from services.ingest.streams import StreamDefinition
 from services.ingest.validate import OVERSIZED_RECORD, Rejection, ValidEvent, validate_document
 from shared.kafka import check_metadata, dead_letter_headers_at
 from shared.metrics import DLQ_EVENTS, HTTP_EVENTS
+from shared.telemetry import (
+    RecordGate,
+    current_traceparent,
+    fastapi_telemetry,
+    inject_headers,
+    is_sampled_traceparent,
+)
 
 log = logging.getLogger(__name__)
 SERVICE = "ingest-http"
@@ -72,6 +81,7 @@ class HttpIngest:
         s = ingest.settings
         self.settings = s
         self.queue_limit = 100_000
+        self._gate = RecordGate(ingest.tracer)
         self.producer = Producer(
             {
                 "bootstrap.servers": s.kafka_bootstrap,
@@ -102,6 +112,11 @@ class HttpIngest:
         delivery = _Delivery()
         results: list[dict[str, Any]] = []
         queue_full = False
+        # A traced request (the client sent a sampled traceparent) hands its trace to every event it
+        # carries; otherwise an event may start a trace at the sampling ratio, like a Kafka record.
+        request_trace = current_traceparent()
+        shared_trace = inject_headers() if request_trace and is_sampled_traceparent(request_trace) else None
+        gate = self._gate
         for i, doc in enumerate(docs):
             raw = orjson.dumps(doc)
             verdict: ValidEvent | Rejection
@@ -137,8 +152,11 @@ class HttpIngest:
                     }
                 )
             else:
+                trace_headers = shared_trace
+                if trace_headers is None and gate.choose():
+                    trace_headers = self._trace_root(gate, source.topic)
                 queue_full = not self._produce(
-                    source.topic, verdict.key.encode(), raw, None, delivery, report
+                    source.topic, verdict.key.encode(), raw, trace_headers, delivery, report
                 )
                 results.append({"index": i, "status": "accepted"})
         self._await(delivery)
@@ -187,6 +205,15 @@ class HttpIngest:
                     return False
                 self.producer.poll(0.05)
 
+    def _trace_root(self, gate: RecordGate, topic: str) -> list[tuple[str, str | bytes | None]]:
+        """Start a trace for one posted event: a short span whose context the record carries on."""
+        parent = gate.context_for(None, chosen=True)
+        span = self.ingest.tracer.start_span(f"post {topic}", context=parent, kind=SpanKind.SERVER)
+        try:
+            return inject_headers(None, trace.set_span_in_context(span))
+        finally:
+            span.end()
+
     def _await(self, delivery: _Delivery) -> None:
         deadline = time.monotonic() + self.settings.http_ack_timeout_ms / 1000
         while delivery.done < delivery.expected and time.monotonic() < deadline:
@@ -208,8 +235,10 @@ def _error(status: int, detail: str, headers: dict[str, str] | None = None) -> J
     return JSONResponse(status_code=status, content={"detail": detail}, headers=headers)
 
 
-def create_app(gateway: HttpIngest) -> FastAPI:
-    app = FastAPI(title="StreamForge ingest", version="0.1.0")
+def create_app(gateway: HttpIngest, tracer: trace.Tracer | None = None) -> FastAPI:
+    """The ingest HTTP API; with a tracer from shared.telemetry.setup_tracing, requests are traced."""
+    extra: dict[str, Any] = {"telemetry": fastapi_telemetry(tracer)} if tracer is not None else {}
+    app = FastAPI(title="StreamForge ingest", version="0.1.0", **extra)
     app.state.gateway = gateway
     settings = gateway.settings
 

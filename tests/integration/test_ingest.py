@@ -12,6 +12,8 @@ from typing import Any
 
 import orjson
 import pytest
+from confluent_kafka import Producer
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import REGISTRY
 
 from services.ingest.app import Ingest
@@ -19,6 +21,7 @@ from services.ingest.settings import IngestSettings
 from services.ingest.streams import StreamDefinition
 from shared import constants
 from shared.kafka import ensure_topics
+from shared.telemetry import TRACEPARENT, flush_tracing, is_sampled_traceparent, setup_tracing
 from tests.kafka_util import produce_all, read_all
 
 pytestmark = pytest.mark.integration
@@ -134,7 +137,8 @@ def test_restart_resumes_after_committed_offsets(kafka_bootstrap: str, unique: s
     finally:
         again.close()
     ts = sorted(
-        orjson.loads(m.value())["ts"] for m in read_all(kafka_bootstrap, stream.source.valid_topic, min_count=150)
+        orjson.loads(m.value())["ts"]
+        for m in read_all(kafka_bootstrap, stream.source.valid_topic, min_count=150)
     )
     assert ts == [BASE_MS + i for i in range(100)] + [BASE_MS + 1_000 + i for i in range(50)]
 
@@ -183,3 +187,39 @@ def test_late_events_go_to_the_late_topic_and_are_counted(kafka_bootstrap: str, 
     assert metric("late_events_total", service="ingest", job=stream.topic) - before == len(expected_late)
     assert info["watermark_ms"] == BASE_MS + 30_000 - 5_000
     assert metric("watermark_ms", service="ingest", job=stream.topic) == BASE_MS + 25_000
+
+
+def test_traced_records_carry_their_receive_span_downstream(kafka_bootstrap: str, unique: str) -> None:
+    """Tracing on (ratio 1): every forwarded event carries a sampled traceparent of its own receive
+    span, and an event that came with its producer's sampled context stays in that trace."""
+    stream = stream_definition(unique, out_of_orderness="1d")
+    ensure_topics(kafka_bootstrap, [stream.topic], partitions=1)
+    producer_trace = "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"
+    events = [orjson.dumps({"page": "/a", "ts": BASE_MS + i}) for i in range(5)]
+    produce_all(kafka_bootstrap, stream.topic, events[:4])
+    p = Producer({"bootstrap.servers": kafka_bootstrap})
+    p.produce(stream.topic, value=events[4], headers=[(TRACEPARENT, producer_trace.encode())])
+    assert p.flush(10) == 0
+
+    settings = type(
+        "Tracing", (), {"tracing_exporter": "none", "tracing_endpoint": "", "tracing_sample_ratio": 1.0}
+    )
+    exporter = InMemorySpanExporter()
+    tracer = setup_tracing("ingest", settings(), exporter=exporter)
+    ingest = Ingest(ingest_settings(kafka_bootstrap, unique), [stream], tracer=tracer)
+    ingest.start(track_progress=False)
+    try:
+        assert drain(ingest, 5) == 5
+    finally:
+        ingest.close()
+    assert flush_tracing(5)
+
+    valid = read_all(kafka_bootstrap, stream.source.valid_topic, min_count=5)
+    traceparents = {
+        orjson.loads(m.value())["ts"] - BASE_MS: dict(m.headers())[TRACEPARENT].decode() for m in valid
+    }
+    assert all(is_sampled_traceparent(tp) for tp in traceparents.values())
+    assert traceparents[4][3:35] == "ab" * 16  # the producer's trace continues
+    spans = [s for s in exporter.get_finished_spans() if s.name == f"receive {stream.topic}"]
+    assert len(spans) == 5
+    assert {format(s.context.span_id, "016x") for s in spans} == {tp[36:52] for tp in traceparents.values()}
