@@ -116,6 +116,7 @@ class JobManager:
         interval_s = self.settings.sweep_interval_ms / 1000
         failing = False
         while not self._stopping.is_set():
+            self._wake.clear()  # a wake() during the sweep below makes the next one come at once
             try:
                 self.sweep()
                 if failing:
@@ -127,7 +128,6 @@ class JobManager:
             except Exception:  # the supervisor must outlive any one bad sweep
                 log.exception("supervisor sweep failed")
             self._wake.wait(interval_s)
-            self._wake.clear()
 
     # --- registry (called by the gRPC Registry servicer) -----------------------------------------------
     def register(self, instance: pb.ServiceInstance) -> int:
@@ -410,7 +410,7 @@ class JobManager:
         has_processor = any(i.service == "processor" for i in live.values())
         for job in jobs:
             if job.state in (JobState.RUNNING, JobState.FAILING) and job.processor not in live:
-                job = self._lose(job.id) or job
+                job = self._lose(job.id, job.processor) or job
             wants_start = job.state == JobState.CREATED or (job.state == JobState.FAILING and job.needs_start)
             if wants_start and has_processor:
                 scheduled.append(self._schedule("start", job.id, self._start_job, job.id))
@@ -432,11 +432,16 @@ class JobManager:
                 scheduled.append(self._schedule("probe", inst.instance_id, self._probe, inst.instance_id))
         return scheduled
 
-    def _lose(self, job_id: str) -> JobRecord | None:
+    def _lose(self, job_id: str, processor_id: str) -> JobRecord | None:
         """The processor holding the job is gone: FAILING, restarted when a processor is there."""
+        current = self.instances.get(processor_id) if processor_id else None
+        if current is not None and current.health == "alive":
+            return None  # it registered (again) since the sweep listed the instances
 
         def lose(j: JobRecord) -> JobRecord | None:
             if j.state not in (JobState.RUNNING, JobState.FAILING) or j.needs_start:
+                return None
+            if j.processor != processor_id:  # placed elsewhere meanwhile
                 return None
             why = (
                 f"processor {j.processor or '-'} lost (no heartbeat for over "

@@ -14,6 +14,7 @@ result is checked against infra.datagen's plain-Python oracle.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -26,10 +27,12 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 
 from infra import procs
 from infra.datagen import click_events, oracle_window_counts
 from infra.stack import StackConfig, start_service, wait_service_ready
+from shared import constants
 from shared.jobspec import load_job_spec
 from shared.kafka import ensure_topics
 from tests.kafka_util import produce_all
@@ -66,14 +69,32 @@ START_MS = 1_767_225_600_000
 class Stack:
     cfg: StackConfig
     specs: dict[str, Path]  # scenario -> spec file
+    tag: str
 
     def http(self) -> httpx.Client:
         return httpx.Client(base_url=self.cfg.control_url, headers=HEADERS, timeout=90)
 
 
-def start(cfg: StackConfig, name: str) -> None:
-    env = CONTROL_ENV if name == "control" else PROCESSOR_ENV if name == "processor" else {}
+def start(cfg: StackConfig, name: str, tag: str) -> None:
+    env = {
+        "control": CONTROL_ENV,
+        "processor": PROCESSOR_ENV,
+        # Own consumer groups: other modules' ingest and sink never inherit these topics' partitions.
+        "ingest": {"SF_INGEST_GROUP_ID": f"sf-ingest-{tag}"},
+        "sink": {"SF_SINK_GROUP_ID": f"sf-sink-{tag}"},
+    }[name]
     start_service(cfg, name, env)
+
+
+def forget_control_state(redis_url: str) -> None:
+    """Control's job store and registry hold this module's jobs: other modules start from none."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        keys = list(client.scan_iter(f"{constants.REDIS_PREFIX}:control:*"))
+        if keys:
+            client.delete(*keys)
+    finally:
+        client.close()
 
 
 def kill9(cfg: StackConfig, name: str) -> None:
@@ -98,15 +119,23 @@ def stack(
     # Ingest validates both streams from the start; the processor gets its jobs from control only.
     cfg = dataclasses.replace(stack_cfg, job_specs=tuple(specs.values()))
     ensure_topics(kafka_bootstrap, [load_job_spec(p).source.topic for p in specs.values()], partitions=1)
+    forget_control_state(redis_url)
+    stack = Stack(cfg, specs, tag)
     try:
         for name in SERVICES:
-            start(cfg, name)
+            start(cfg, name, tag)
         for name in SERVICES:
             wait_service_ready(cfg, name, timeout_s=240)
-        yield Stack(cfg, specs)
+        yield stack
     finally:
+        # Cancel what is still active, so the processor does not resume it in a later module's stack.
+        with contextlib.suppress(httpx.HTTPError), stack.http() as http:
+            for job in http.get("/jobs").json()["jobs"]:
+                if job["state"] not in ("FAILED", "CANCELED", "FINISHED"):
+                    http.post(f"/jobs/{job['id']}/cancel")
         for name in SERVICES:
             procs.stop_process(name, cfg.run_dir)
+        forget_control_state(redis_url)
 
 
 def wait_for(what: str, check: Any, timeout_s: float, cfg: StackConfig) -> Any:
@@ -165,7 +194,7 @@ def test_control_killed_mid_job_restarts_with_jobs_and_results_intact(stack: Sta
     kill9(cfg, "control")
     # The data plane does not need control: the second half flows while it is down.
     produce_all(cfg.bootstrap, topic, data.records[half:])
-    start(cfg, "control")
+    start(cfg, "control", stack.tag)
     wait_service_ready(cfg, "control", timeout_s=60)
 
     expected = oracle_window_counts(first + second, 5_000)
@@ -206,7 +235,7 @@ def test_processor_heartbeats_stop_job_fails_over_and_resumes_from_its_checkpoin
         assert lost[first_processor] == "lost"
 
         produce_all(cfg.bootstrap, topic, data.records[half:])  # arrives while no processor runs
-        start(cfg, "processor")
+        start(cfg, "processor", stack.tag)
         running = wait_for(
             "RUNNING again", lambda: (s := status(http, job_id))["state"] == "RUNNING" and s, 240, cfg
         )

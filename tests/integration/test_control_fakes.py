@@ -31,10 +31,11 @@ WRITE_TOKEN = "writer-token-0001"
 READ_TOKEN = "reader-token-0001"
 CONTROL_REDIS_DB = 3  # the control tests' own database: each test starts from an empty one
 
-# Fast timings so lost instances and restarts happen within a second or two.
+# Fast timings so lost instances and restarts happen within a few seconds; the timeout leaves room for
+# a loaded 2-core machine (a heartbeat thread may be late by hundreds of ms).
 FAST = {
     "heartbeat_interval_ms": 100,
-    "heartbeat_timeout_ms": 600,
+    "heartbeat_timeout_ms": 2_000,
     "sweep_interval_ms": 50,
     "retry_backoff_ms": 100,
     "health_probe_interval_ms": 200,
