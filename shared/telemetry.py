@@ -30,7 +30,7 @@ import time
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from opentelemetry import context as context_api
 from opentelemetry import trace
@@ -55,6 +55,9 @@ from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanContext, SpanK
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import Attributes
 
+if TYPE_CHECKING:
+    from fastapi.telemetry import TelemetryConfig
+
 log = logging.getLogger(__name__)
 
 TRACEPARENT = "traceparent"
@@ -77,11 +80,19 @@ _PROVIDER_OF: weakref.WeakKeyDictionary[trace.Tracer, TracerProvider] = weakref.
 
 
 class TracingSettings(Protocol):
-    """What setup_tracing reads: the tracing fields of shared.settings.BaseServiceSettings."""
+    """What setup_tracing reads: the tracing fields of shared.settings.BaseServiceSettings.
 
-    tracing_exporter: str
-    tracing_endpoint: str
-    tracing_sample_ratio: float
+    Read-only members, so any settings class (whose exporter field is a Literal) matches without a cast.
+    """
+
+    @property
+    def tracing_exporter(self) -> str: ...
+
+    @property
+    def tracing_endpoint(self) -> str: ...
+
+    @property
+    def tracing_sample_ratio(self) -> float: ...
 
 
 # --- set-up ----------------------------------------------------------------------------------------
@@ -609,7 +620,7 @@ DEFAULT_UNTRACED_PATHS = ("/metrics", "/healthz", "/readyz", "/dashboard", "/das
 
 def fastapi_telemetry(
     tracer: trace.Tracer, untraced_paths: Sequence[str] = DEFAULT_UNTRACED_PATHS
-) -> dict[str, Any]:
+) -> TelemetryConfig:
     """``FastAPI(telemetry=fastapi_telemetry(tracer))``: request spans from this tracer's provider.
 
     Scrapes, probes and the dashboard's polling are not traced; FastAPI's own OpenTelemetry metrics
