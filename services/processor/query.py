@@ -56,18 +56,22 @@ def event_schema(source: Source) -> T.StructType:
     return T.StructType([T.StructField(n, _SPARK_TYPES[t], True) for n, t in source.fields.items()])
 
 
-def read_source(spark: SparkSession, source: Source, bootstrap: str, max_offsets: int) -> DataFrame:
-    """A stream's validated events, parsed, with its record key, event time and coordinates."""
-    raw = (
+def read_source(spark: SparkSession, source: Source, bootstrap: str, max_offsets: int | None) -> DataFrame:
+    """A stream's validated events, parsed, with its record key, event time and coordinates.
+
+    ``max_offsets`` bounds a micro-batch; None for real-time mode, which refuses the option.
+    """
+    reader = (
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", bootstrap)
         .option("subscribe", source.valid_topic)
         .option("startingOffsets", "earliest")
         # Ingest writes in transactions: never read a batch it may still abort.
         .option("kafka.isolation.level", "read_committed")
-        .option("maxOffsetsPerTrigger", max_offsets)
-        .load()
     )
+    if max_offsets is not None:
+        reader = reader.option("maxOffsetsPerTrigger", max_offsets)
+    raw = reader.load()
     return raw.select(
         F.col("key").cast("string").alias(KEY),
         F.from_json(F.col("value").cast("string"), event_schema(source)).alias("e"),
@@ -107,7 +111,9 @@ def _derive_and_filter(spark: SparkSession, spec: JobSpec, df: DataFrame) -> Dat
     return df
 
 
-def _join(spark: SparkSession, spec: JobSpec, left: DataFrame, bootstrap: str, max_offsets: int) -> DataFrame:
+def _join(
+    spark: SparkSession, spec: JobSpec, left: DataFrame, bootstrap: str, max_offsets: int | None
+) -> DataFrame:
     assert spec.join is not None
     join = spec.join
     delay = f"{spec.watermark.delay_ms} milliseconds"
@@ -127,8 +133,10 @@ def _join(spark: SparkSession, spec: JobSpec, left: DataFrame, bootstrap: str, m
     return left.join(right, condition, "inner").drop(RIGHT_KEY, RIGHT_EVENT_TIME)
 
 
-def events(spark: SparkSession, spec: JobSpec, bootstrap: str, max_offsets: int) -> DataFrame:
+def events(spark: SparkSession, spec: JobSpec, bootstrap: str, max_offsets: int | None) -> DataFrame:
     """The job's input rows after join, derive, filter, watermark and dedup."""
+    if spec.trigger_mode == "real_time":
+        max_offsets = None  # a real-time batch reads for its whole duration, unbounded
     df = _readable(read_source(spark, spec.source, bootstrap, max_offsets), MALFORMED_OBSERVATIONS[0])
     if spec.join is not None:
         df = _join(spark, spec, df, bootstrap, max_offsets)

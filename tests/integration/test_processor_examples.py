@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -192,3 +193,27 @@ def test_error_filter(ran: dict[str, Example], kafka_bootstrap: str) -> None:
     expected = datagen.oracle_error_lines(ex.data[0])
     assert 20 <= len(expected) < len(ex.data[0]) // 2
     assert canonical(event_rows(kafka_bootstrap, ex.spec)) == canonical(expected)
+
+
+def test_anomaly_alert_in_real_time_mode(spark: SparkSession, kafka_bootstrap: str, tmp_path: Any) -> None:  # noqa: F811
+    """The stateless example with Spark 4.2's real-time trigger: each alert flows as it comes."""
+    raw = orjson.loads(
+        spec_to_json(renamed(load_job_spec(EXAMPLES / "anomaly_alert.yaml"), uuid.uuid4().hex[:8]))
+    )
+    spec = parse_job_spec(orjson.dumps({**raw, "trigger_mode": "real_time", "trigger_interval": "5s"}))
+    # One partition: a real-time query holds a task slot per source partition for each whole batch.
+    ensure_topics(kafka_bootstrap, [spec.source.valid_topic, spec.output_topic], 1)
+    readings = datagen.sensor_readings(400, start_ms=BASE, span_ms=40_000, seed=21)
+    expected = datagen.oracle_alerts(readings, 100.0)
+    query = start_query(spark, spec, kafka_bootstrap, str(tmp_path / "ckpt"), max_offsets=100_000)
+    try:
+        forward(kafka_bootstrap, spec.source, readings)
+        got: list[dict[str, object]] = []
+        deadline = time.monotonic() + 90
+        while len(got) < len(expected) and time.monotonic() < deadline and query.isActive:
+            time.sleep(1)
+            got = event_rows(kafka_bootstrap, spec)
+        assert query.isActive, query.exception()
+    finally:
+        query.stop()
+    assert canonical(got) == canonical(expected)
