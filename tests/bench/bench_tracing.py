@@ -43,7 +43,7 @@ ALL_TRACED_RECORDS = 5_000
 BATCH = 5_000
 ROUNDS = 6
 # For the curve: 0 is the gate alone (no record traced); the others bracket the default.
-OTHER_RATIOS = (0.0, 0.0001, 0.01)
+OTHER_RATIOS = (0.0, 0.0001, 0.0005, 0.01)
 ZIPKIN_PORT = 29411
 DEFAULT_RATIO = BaseServiceSettings.model_fields["tracing_sample_ratio"].default
 TOPIC = "bench.valid"

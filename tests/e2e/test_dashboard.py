@@ -4,7 +4,7 @@ The three services run as separate processes on the real broker, Redis and Spark
 is mounted on an app of the test's own (control's app includes it with one line) and reads their
 /metrics and Redis. Events go in twice; the page's numbers must move with them, and at the end the
 window chart must hold exactly what a plain-Python oracle computed for the latest windows. The
-screenshot lands in .run/ for a person to look at.
+screenshots land in the test stack's run dir (.run/test[-<offset>]/dashboard*.png) for a person to see.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from fastapi import FastAPI
 from infra import procs
 from infra.apt import CHROMIUM
 from infra.datagen import click_events, oracle_window_counts
-from infra.paths import RUN_DIR
 from infra.stack import StackConfig, start_services
 from services.control import dashboard
 from shared.jobspec import load_job_spec
@@ -58,8 +57,9 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-SCREENSHOT = RUN_DIR / "dashboard.png"
-SCREENSHOT_FLOWING = RUN_DIR / "dashboard-flowing.png"  # taken while the second round goes in
+# Under the test stack's run dir (.run/test or .run/test-<offset>): parallel runs keep their own.
+SCREENSHOT = "dashboard.png"
+SCREENSHOT_FLOWING = "dashboard-flowing.png"  # taken while the second round goes in
 WINDOWS_SHOWN = 12
 
 
@@ -123,15 +123,15 @@ def _chart(page: Any, job: str) -> tuple[float, int] | None:
     return float(el.get_attribute("data-total")), int(el.get_attribute("data-windows"))
 
 
-def _wait(what: str, check: Any, timeout_s: float, page: Any) -> Any:
+def _wait(what: str, check: Any, timeout_s: float, page: Any, screenshot: Path) -> Any:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         got = check()
         if got:
             return got
         page.wait_for_timeout(500)
-    page.screenshot(path=str(SCREENSHOT), full_page=True)
-    raise AssertionError(f"the dashboard never showed {what} within {timeout_s:g} s (see {SCREENSHOT})")
+    page.screenshot(path=str(screenshot), full_page=True)
+    raise AssertionError(f"the dashboard never showed {what} within {timeout_s:g} s (see {screenshot})")
 
 
 def test_dashboard_numbers_move_with_the_data_and_the_chart_equals_the_oracle(
@@ -149,7 +149,8 @@ def test_dashboard_numbers_move_with_the_data_and_the_chart_equals_the_oracle(
         assert_exposition_has(scrape(f"http://127.0.0.1:{port}/metrics"), SERVICE_METRICS[name])
 
     chromium = CHROMIUM.ensure_installed()
-    SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+    screenshot, screenshot_flowing = pipeline.run_dir / SCREENSHOT, pipeline.run_dir / SCREENSHOT_FLOWING
+    screenshot.parent.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
         try:
@@ -166,8 +167,9 @@ def test_dashboard_numbers_move_with_the_data_and_the_chart_equals_the_oracle(
                 ),
                 120,
                 page,
+                screenshot,
             )
-            _wait("a window chart", lambda: _chart(page, unique), 60, page)
+            _wait("a window chart", lambda: _chart(page, unique), 60, page, screenshot)
 
             # The second round goes in in slices, while the page is watched: throughput shows.
             seen_throughput: list[float] = []
@@ -177,7 +179,7 @@ def test_dashboard_numbers_move_with_the_data_and_the_chart_equals_the_oracle(
                 page.wait_for_timeout(700)
                 seen_throughput.append(_number(page, "throughput", unique) or 0.0)
                 if i == 3 * step:
-                    page.screenshot(path=str(SCREENSHOT_FLOWING), full_page=True)
+                    page.screenshot(path=str(screenshot_flowing), full_page=True)
             records_2 = _wait(
                 "the second round's records",
                 lambda: (
@@ -185,6 +187,7 @@ def test_dashboard_numbers_move_with_the_data_and_the_chart_equals_the_oracle(
                 ),
                 120,
                 page,
+                screenshot,
             )
 
             oracle = oracle_window_counts(first.good + second.good, spec.window.size)
@@ -195,12 +198,14 @@ def test_dashboard_numbers_move_with_the_data_and_the_chart_equals_the_oracle(
                 lambda: (c := _chart(page, unique)) is not None and c == (expected_total, len(latest)) and c,
                 90,
                 page,
+                screenshot,
             )
             page.wait_for_timeout(1500)  # a couple more polls so the sparkline has its shape
-            page.screenshot(path=str(SCREENSHOT), full_page=True)
+            page.screenshot(path=str(screenshot), full_page=True)
             per_service = {
                 name: float(
                     page.get_attribute(f'[data-job="{unique}"] [data-service="{name}"]', "data-value")
+                    or "nan"
                 )
                 for name in PIPELINE
             }
@@ -213,4 +218,4 @@ def test_dashboard_numbers_move_with_the_data_and_the_chart_equals_the_oracle(
     # Every stage reports: ingest and the processor each saw every good event, the sink window updates.
     assert per_service["ingest"] == per_service["processor"] == len(first.good) + len(second.good)
     assert per_service["sink"] > 0
-    assert SCREENSHOT.stat().st_size > 10_000
+    assert screenshot.stat().st_size > 10_000
