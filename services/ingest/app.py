@@ -162,8 +162,8 @@ class Ingest:
         except KafkaException as e:
             raise IngestError(f"cannot initialise transactions: {e.args[0]}") from e
         extra: dict[str, object] = {
-            # Eager rebalancing: every rebalance revokes everything, so fetching always restarts at
-            # the committed offsets and a dropped batch is simply read again.
+            # Eager rebalancing: every rebalance revokes everything and each assignment starts over
+            # from the committed offsets and watermark state (see _restore_assigned).
             "partition.assignment.strategy": "roundrobin",
             "session.timeout.ms": s.session_timeout_ms,
         }
@@ -186,10 +186,6 @@ class Ingest:
 
     def stop(self) -> None:
         self._stop.set()
-
-    @property
-    def stopping(self) -> bool:
-        return self._stop.is_set()
 
     def run(self) -> None:
         """Serve until stop(); start() first."""
@@ -454,16 +450,13 @@ class Ingest:
                     (constants.HDR_LATE_PARTITION, str(partition).encode()),
                     (constants.HDR_LATE_OFFSET, str(offset).encode()),
                 ]
-                produce(targets[topic][1], m.key(), m.value(), headers, result.event_time_ms)
+                produce(targets[topic][1], m.key(), m.value(), headers)
                 late[topic] += 1
             else:
-                produce(
-                    targets[topic][0],
-                    result.key.encode(),
-                    result.value,
-                    headers or None,
-                    result.event_time_ms,
-                )
+                # The Kafka timestamp stays the time of writing: with the event time there, the
+                # broker's time-based retention would delete backfilled or replayed (old) events at
+                # its next check, before the processor read them. The event time is in the payload.
+                produce(targets[topic][0], result.key.encode(), result.value, headers or None)
                 forwarded[topic] += 1
             if i % POLL_EVERY == POLL_EVERY - 1:
                 producer.poll(0)
@@ -487,12 +480,10 @@ class Ingest:
     def _committed_metadata(self, topic: str, partition: int) -> str:
         return self.watermarks[topic].committed_progress(partition).to_metadata()
 
-    def _produce(
-        self, topic: str, key: bytes | None, value: bytes | None, headers: Headers | None, timestamp: int = 0
-    ) -> None:
+    def _produce(self, topic: str, key: bytes | None, value: bytes | None, headers: Headers | None) -> None:
         assert self._producer is not None
         try:
-            self._producer.produce(topic, key=key, value=value, headers=headers, timestamp=timestamp)
+            self._producer.produce(topic, key=key, value=value, headers=headers)
             return
         except BufferError:
             pass
@@ -502,7 +493,7 @@ class Ingest:
         while True:
             self._producer.poll(0.05)
             try:
-                self._producer.produce(topic, key=key, value=value, headers=headers, timestamp=timestamp)
+                self._producer.produce(topic, key=key, value=value, headers=headers)
                 return
             except BufferError:
                 if time.monotonic() > deadline:
