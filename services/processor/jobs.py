@@ -79,6 +79,23 @@ class JobView:
     metrics: JobTotals | None
 
 
+def next_epoch(known: list[int], resumes_checkpoint: bool, savepoint_epoch: int | None) -> int:
+    """The epoch a start runs in.
+
+    ``known``: the epochs this job id is known to have used (job store, checkpoint note). Resuming
+    the job's own checkpoint keeps its epoch: batch ids go on growing. Any other start (from a
+    savepoint, or from scratch for a job id that ran before) must outbid every version emitted
+    before, whose epochs are all in ``known`` or the savepoint's: one more than the highest of them.
+    A job id never seen before starts at 0.
+    """
+    highest = max([*known, *([savepoint_epoch] if savepoint_epoch is not None else [])], default=None)
+    if highest is None:
+        return 0
+    if resumes_checkpoint:
+        return max(known)
+    return highest + 1
+
+
 def _first_line(text: object) -> str:
     lines = str(text).strip().splitlines()
     return lines[0][:1000] if lines else ""
@@ -176,15 +193,15 @@ class JobManager:
             return self._view(job)
 
     def _epoch_for(self, job_id: str, savepoint: savepoints.Savepoint | None) -> int:
-        """Same epoch when resuming the job's own checkpoint; a higher one for any other start."""
         stored = self.store.get(job_id)
         checkpoint = self.checkpoint_dir(job_id)
-        known = max(stored.epoch if stored else 0, int(savepoints.read_note(checkpoint).get("epoch", 0)))
-        if savepoint is not None:
-            return max(known, savepoint.epoch) + 1
-        has_checkpoint = (checkpoint / "metadata").exists()
-        has_history = stored is not None or checkpoint.exists()
-        return known if has_checkpoint or not has_history else known + 1
+        note = savepoints.read_note(checkpoint)
+        known = ([stored.epoch] if stored else []) + ([int(note["epoch"])] if "epoch" in note else [])
+        return next_epoch(
+            known=known,
+            resumes_checkpoint=savepoint is None and (checkpoint / "metadata").exists(),
+            savepoint_epoch=savepoint.epoch if savepoint is not None else None,
+        )
 
     def _run(self, job: Job, plan: Plan | None = None) -> None:
         spec = job.spec

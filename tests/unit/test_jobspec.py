@@ -5,7 +5,16 @@ import re
 import pytest
 
 from shared.errors import SpecError
-from shared.jobspec import JobSpec, load_job_spec, parse_duration_ms, parse_job_spec
+from shared.jobspec import (
+    JobSpec,
+    SessionWindow,
+    SlidingWindow,
+    TumblingWindow,
+    load_job_spec,
+    parse_duration_ms,
+    parse_job_spec,
+    spec_to_json,
+)
 from shared.settings import BaseServiceSettings
 
 SPEC = """
@@ -102,3 +111,167 @@ def test_settings_shared_and_service_prefixes(monkeypatch: pytest.MonkeyPatch) -
     s = IngestSettings()
     assert isinstance(s, BaseServiceSettings)
     assert (s.kafka_bootstrap, s.batch_max_records, s.job_specs) == ("broker:1234", 77, ["a.yaml", "b.yaml"])
+
+
+# --- job kinds, windows, aggregations, emit policies ---------------------------------------------------
+def spec_dict(**changes: object) -> dict[str, object]:
+    base: dict[str, object] = {
+        "id": "j",
+        "source": {
+            "topic": "clicks",
+            "fields": {"page": "string", "ts": "timestamp", "amount": "double", "flag": "boolean"},
+            "key": ["page"],
+            "event_time": {"field": "ts"},
+        },
+        "window": {"type": "tumbling", "size": "10s"},
+    }
+    base.update(changes)
+    return {k: v for k, v in base.items() if v is not None}
+
+
+def parse(**changes: object) -> JobSpec:
+    import orjson
+
+    return parse_job_spec(orjson.dumps(spec_dict(**changes)))
+
+
+def test_every_window_type_parses_and_tumbling_needs_no_type() -> None:
+    assert parse(window={"size": "5s"}).window == TumblingWindow(size=5_000)
+    sliding = parse(window={"type": "sliding", "size": "30s", "slide": "10s"}).window
+    assert isinstance(sliding, SlidingWindow) and (sliding.size, sliding.slide) == (30_000, 10_000)
+    session = parse(window={"type": "session", "gap": "2s"}, emit="on_window_close").window
+    assert isinstance(session, SessionWindow) and session.gap == 2_000
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"window": {"type": "session", "gap": "2s"}}, "session windows need emit: on_window_close"),
+        ({"window": {"type": "sliding", "size": "5s", "slide": "10s"}}, "must not exceed size"),
+        ({"window": {"type": "hopping", "size": "5s"}}, "window"),
+        ({"dedup": {"fields": ["page"]}}, "dedup before a window needs emit: on_window_close"),
+        ({"trigger_mode": "real_time"}, "real_time is for stateless jobs only"),
+        ({"aggregations": [{"fn": "sum", "field": "page"}]}, "needs a long or double field"),
+        ({"aggregations": [{"fn": "avg"}]}, "needs a 'field'"),
+        (
+            {"aggregations": [{"fn": "percentiles", "field": "amount", "percentiles": [100]}]},
+            "between 0 and 100",
+        ),
+        ({"aggregations": [{"fn": "percentiles", "field": "amount"}]}, "non-empty list"),
+        ({"aggregations": [{"fn": "max", "field": "amount", "percentiles": [5]}]}, "only applies to fn"),
+        ({"aggregations": [{"fn": "count", "field": "nope"}]}, "not a source or derived field"),
+        ({"aggregations": []}, "at least one aggregation"),
+        ({"group_by": ["nope"]}, "group_by field 'nope'"),
+        ({"derive": {"page": "upper(page)"}}, "already exists"),
+        ({"derive": {"__x": "1"}}, "not starting with '__'"),
+        ({"filter": ""}, "filter"),
+        ({"window": None, "aggregations": [{"fn": "count"}]}, "aggregations need a window"),
+        ({"window": None, "having": "n > 1"}, "'having' only applies to windowed jobs"),
+        ({"window": None, "emit": "on_window_close"}, "'emit' only applies to windowed jobs"),
+        ({"window": None}, "give it its own output_topic"),
+    ],
+)
+def test_refusals_name_what_to_fix(changes: dict[str, object], message: str) -> None:
+    with pytest.raises(SpecError, match=re.escape(message)):
+        parse(**changes)
+
+
+def test_aggregation_names_defaults_and_percentile_outputs() -> None:
+    spec = parse(
+        aggregations=[
+            {"fn": "count"},
+            {"fn": "count", "field": "amount"},
+            {"fn": "avg", "field": "amount"},
+            {"fn": "percentiles", "field": "amount", "percentiles": [50, 95, 99.9], "accuracy": 500},
+            {"fn": "stddev", "field": "amount", "as": "sd"},
+        ]
+    )
+    assert spec.aggregate_names == [
+        "count",
+        "count_amount",
+        "avg_amount",
+        "amount_p50",
+        "amount_p95",
+        "amount_p99_9",
+        "sd",
+    ]
+    assert spec.aggregations[3].accuracy == 500 and spec.aggregations[0].accuracy == 10_000
+    with pytest.raises(SpecError, match="unique"):
+        parse(
+            aggregations=[
+                {"fn": "percentiles", "field": "amount", "percentiles": [50]},
+                {"fn": "count", "as": "amount_p50"},
+            ]
+        )
+
+
+def test_job_kinds_and_their_sources() -> None:
+    windowed = parse()
+    assert (windowed.kind, windowed.key_fields, windowed.aggregate_names) == ("windowed", ["page"], ["count"])
+    stateless = parse(window=None, filter="amount > 1", derive={"big": "amount * 2"}, output_topic="big")
+    assert stateless.kind == "stateless" and stateless.aggregations == []
+    with pytest.raises(SpecError, match="stateless job: it has no window"):
+        _ = stateless.window
+    realtime = parse(window=None, output_topic="o", trigger_mode="real_time", trigger_interval="5s")
+    assert realtime.trigger_mode == "real_time"
+    dedup = parse(window=None, dedup={"fields": ["page"]}, output_topic="o")
+    assert dedup.kind == "dedup"
+    right = {
+        "topic": "pay",
+        "fields": {"page": "string", "ts": "timestamp"},
+        "key": ["page"],
+        "event_time": {"field": "ts"},
+    }
+    join = parse(
+        window=None,
+        join={"source": right, "within": "30s", "prefix": "p_"},
+        output_topic="o",
+        filter="p_page = page",
+    )
+    assert join.kind == "join" and [s.topic for s in join.sources] == ["clicks", "pay"]
+    assert join.input_fields_before_derive[-2:] == ["p_page", "p_ts"]
+    grouped = parse(derive={"word": "explode(split(page, '/'))"}, group_by=["word"], having="count > 1")
+    assert grouped.key_fields == ["word"]
+
+
+@pytest.mark.parametrize(
+    ("join", "message"),
+    [
+        ({"key": ["page", "ts"]}, "must pair up one to one"),
+        ({"fields": {"page": "long", "ts": "timestamp"}}, "differ in type"),
+        ({"topic": "clicks"}, "must be different topics"),
+    ],
+)
+def test_join_refusals(join: dict[str, object], message: str) -> None:
+    right = {
+        "topic": "pay",
+        "fields": {"page": "string", "ts": "timestamp"},
+        "key": ["page"],
+        "event_time": {"field": "ts"},
+    }
+    with pytest.raises(SpecError, match=re.escape(message)):
+        parse(window=None, join={"source": {**right, **join}, "within": "5s"}, output_topic="o")
+    with pytest.raises(SpecError, match="cannot also have a window"):
+        parse(join={"source": right, "within": "5s"})
+
+
+def test_every_spec_round_trips_through_json() -> None:
+    from infra.paths import ROOT
+
+    for path in sorted((ROOT / "services/processor/examples").glob("*.yaml")):
+        spec = load_job_spec(path)
+        assert parse_job_spec(spec_to_json(spec)) == spec, path.name
+        assert JobSpec.model_validate(spec.model_dump(mode="json", by_alias=True)) == spec, path.name
+
+
+def test_shipped_examples_cover_every_job_kind() -> None:
+    from infra.paths import ROOT
+
+    specs = {p.stem: load_job_spec(p) for p in (ROOT / "services/processor/examples").glob("*.yaml")}
+    assert {s.kind for s in specs.values()} == {"windowed", "stateless", "dedup", "join"}
+    assert (
+        specs["word_count"].derive
+        and specs["word_count"].having
+        and specs["word_count"].emit == "on_window_close"
+    )
+    assert isinstance(specs["sensor_readings"].window, SlidingWindow)

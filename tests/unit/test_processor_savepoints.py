@@ -1,0 +1,99 @@
+"""Savepoint files and the job store (file handling only; real checkpoints: test_processor_jobs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+
+from services.processor import savepoints
+from services.processor.errors import SavepointError
+from services.processor.store import JobStore, StoredJob
+from shared.jobspec import parse_job_spec
+
+SPEC = parse_job_spec(
+    orjson.dumps(
+        {
+            "id": "clicks",
+            "source": {
+                "topic": "clicks",
+                "fields": {"p": "string", "ts": "timestamp"},
+                "key": ["p"],
+                "event_time": {"field": "ts"},
+            },
+            "window": {"size": "10s"},
+        }
+    )
+)
+
+
+def spark_like_checkpoint(root: Path, committed: int, pending: bool = True) -> Path:
+    """The layout Spark writes: metadata, offsets/<batch>, commits/<batch>, sources, state."""
+    (root / "offsets").mkdir(parents=True)
+    (root / "commits").mkdir()
+    (root / "state/0/0").mkdir(parents=True)
+    (root / "metadata").write_text('{"id":"1c039874-17b6-43fa-8706-814fbbda4f50"}')
+    for b in range(committed + 1 + int(pending)):
+        offsets = {"clicks.valid": {"0": 10 * b, "1": 20 * b}}
+        (root / "offsets" / str(b)).write_text(
+            'v1\n{"batchWatermarkMs":0,"batchTimestampMs":1,"conf":{}}\n' + orjson.dumps(offsets).decode()
+        )
+        if b <= committed:
+            (root / "commits" / str(b)).write_text('v1\n{"nextBatchWatermarkMs":0}')
+        (root / "state/0/0" / f"{b + 1}.changelog").write_bytes(b"\x00" * b)
+    return root
+
+
+def test_take_load_and_restore(tmp_path: Path) -> None:
+    checkpoint = spark_like_checkpoint(tmp_path / "ckpt", committed=2)
+    savepoints.write_note(checkpoint, "clicks", 4)
+    sp = savepoints.take(checkpoint, SPEC, 4, tmp_path / "savepoints")
+    assert sp.path.parent == tmp_path / "savepoints" and sp.path.name.startswith("clicks-")
+    assert (sp.job_id, sp.epoch, sp.last_committed_batch) == ("clicks", 4, 2)
+    assert sp.offsets == [{"clicks.valid": {"0": 20, "1": 40}}]  # of the last committed batch
+    assert sp.spec == SPEC and savepoints.load(sp.path) == sp
+    assert not list((tmp_path / "savepoints").glob(".*"))  # no temporary left behind
+    # The pending batch's offsets travel along: Spark replays it from there on restore.
+    assert (sp.checkpoint / "offsets" / "3").exists() and not (sp.checkpoint / "commits" / "3").exists()
+
+    target = tmp_path / "jobs" / "clicks-2"
+    target.mkdir(parents=True)
+    (target / "old-file").write_text("the job's previous checkpoint")
+    moved = savepoints.restore(sp, target, "clicks-2", epoch=5)
+    assert moved is not None and (moved / "old-file").exists()
+    assert orjson.loads((target / "metadata").read_bytes())["id"] != "1c039874-17b6-43fa-8706-814fbbda4f50"
+    assert savepoints.read_note(target) == {"job_id": "clicks-2", "epoch": 5}
+    assert (target / "state/0/0/3.changelog").read_bytes() == b"\x00\x00"
+    assert savepoints.last_committed_batch(target) == 2
+
+
+def test_refusals(tmp_path: Path) -> None:
+    with pytest.raises(SavepointError, match="no checkpoint"):
+        savepoints.take(tmp_path / "nothing", SPEC, 0, tmp_path / "sp")
+    with pytest.raises(SavepointError, match="not a savepoint"):
+        savepoints.load(tmp_path)
+    sp = savepoints.take(spark_like_checkpoint(tmp_path / "c", committed=0), SPEC, 0, tmp_path / "sp")
+    other = parse_job_spec(
+        orjson.dumps(
+            {
+                **orjson.loads(sp.path.joinpath("savepoint.json").read_bytes())["spec"],
+                "source": {**SPEC.source.model_dump(mode="json"), "topic": "views"},
+            }
+        )
+    )
+    with pytest.raises(SavepointError, match="offsets in a savepoint belong to its topics"):
+        savepoints.check_compatible(sp, other)
+    savepoints.check_compatible(sp, SPEC)
+    (sp.path / "savepoint.json").write_bytes(b'{"format": 99}')
+    with pytest.raises(SavepointError, match="unknown format"):
+        savepoints.load(sp.path)
+
+
+def test_job_store_round_trip_and_damage(tmp_path: Path) -> None:
+    store = JobStore(tmp_path / "jobs")
+    assert store.get("clicks") is None and store.all() == []
+    store.put(StoredJob(spec=SPEC, should_run=True, epoch=3, savepoint_path="/sp/1"))
+    assert store.get("clicks") == StoredJob(spec=SPEC, should_run=True, epoch=3, savepoint_path="/sp/1")
+    (tmp_path / "jobs" / "broken.json").write_text("{not json")
+    assert [j.spec.id for j in store.all()] == ["clicks"]  # a damaged record is skipped, not fatal
