@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import signal
 import sys
-from typing import cast
 
 from services.processor.app import Processor
 from services.processor.settings import ProcessorSettings
@@ -17,7 +16,7 @@ from shared.jobspec import load_job_spec
 from shared.logs import configure_logging
 from shared.metrics import serve_metrics
 from shared.registry import start_registration
-from shared.telemetry import TracingSettings, grpc_server_interceptor, setup_tracing, shutdown_tracing
+from shared.telemetry import grpc_server_interceptor, setup_tracing, shutdown_tracing
 
 
 def _connector_jars(settings: ProcessorSettings) -> list[str]:
@@ -37,13 +36,12 @@ def main() -> int:
     except StreamForgeError as e:  # a bad spec or setting: say what to fix, do not start
         log.error("%s", e)
         return 2
-    # cast: TracingSettings declares tracing_exporter as str, the settings narrow it to a Literal.
-    tracer = setup_tracing("processor", cast(TracingSettings, settings))
+    tracer = setup_tracing("processor", settings)
     signal.signal(signal.SIGTERM, lambda *_: processor.stop())
     signal.signal(signal.SIGINT, lambda *_: processor.stop())
     registration = None
     try:
-        processor.start(interceptors=[grpc_server_interceptor(tracer)])
+        processor.start(interceptors=[grpc_server_interceptor(tracer)], tracer=tracer)
         # The metrics port opens once every job runs: stack readiness relies on it.
         serve_metrics(settings.metrics_port)
         registration = start_registration(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 
+from opentelemetry.trace import Tracer
 from pyspark.sql import SparkSession
 
 from services.processor.errors import ProcessorError
@@ -67,10 +68,10 @@ class Processor:
         self.manager: JobManager | None = None
         self.grpc: GrpcServer | None = None
 
-    def start(self, interceptors: list[object] | None = None) -> None:
+    def start(self, interceptors: list[object] | None = None, tracer: Tracer | None = None) -> None:
         s = self.settings
         self.spark = build_spark(s, self.jars)
-        listener = JobMetricsListener()
+        listener = JobMetricsListener(tracer)
         self.spark.streams.addListener(listener)
         self.manager = JobManager(self.spark, s, listener)
         self.grpc = GrpcServer(self.manager, s.grpc_host, s.grpc_port, interceptors)

@@ -24,6 +24,7 @@ from datetime import datetime
 from typing import Any
 
 import orjson
+from opentelemetry.trace import Tracer
 from prometheus_client import Counter, Gauge
 from pyspark.sql.streaming import StreamingQueryListener
 
@@ -36,6 +37,7 @@ from shared.metrics import (
     STATE_SIZE,
     WATERMARK_LAG_MS,
 )
+from shared.telemetry import SPARK_OBSERVATION, record_batch_span, spark_progress_times
 
 log = logging.getLogger(__name__)
 SERVICE = "processor"
@@ -148,11 +150,16 @@ class JobTotals:
 
 
 class JobMetricsListener(StreamingQueryListener):
-    """Keeps the newest metrics of every job's query and exports them (queries are named by job id)."""
+    """Keeps the newest metrics of every job's query and exports them (queries are named by job id).
 
-    def __init__(self) -> None:
+    With a tracer, every micro-batch that read rows also becomes a span ``micro-batch <job>`` linked
+    to the sampled records in it (their traceparents are an observed metric of the query).
+    """
+
+    def __init__(self, tracer: Tracer | None = None) -> None:
         self._lock = threading.Lock()
         self._jobs: dict[str, JobTotals] = {}
+        self.tracer = tracer
 
     def latest(self, job_id: str) -> JobTotals | None:
         with self._lock:
@@ -207,9 +214,28 @@ class JobMetricsListener(StreamingQueryListener):
 
     def onQueryProgress(self, event: Any) -> None:
         try:
-            self.record(metrics_from_progress(orjson.loads(event.progress.json)))
+            progress = orjson.loads(event.progress.json)
+            m = metrics_from_progress(progress)
+            self.record(m)
+            if self.tracer is not None and m.input_rows:
+                self._batch_span(self.tracer, progress, m)
         except Exception:  # a metrics bug must never disturb the queries
             log.exception("cannot read a progress report")
+
+    @staticmethod
+    def _batch_span(tracer: Tracer, progress: dict[str, Any], m: BatchMetrics) -> None:
+        observed = (progress.get("observedMetrics") or {}).get(SPARK_OBSERVATION) or {}
+        traceparents = [t for t in observed.get("traceparents") or [] if isinstance(t, str)]
+        duration = (progress.get("durationMs") or {}).get("triggerExecution", m.batch_duration_ms)
+        start_ns, end_ns = spark_progress_times(progress.get("timestamp") or "", duration)
+        record_batch_span(
+            tracer,
+            f"micro-batch {m.job_id}",
+            traceparents,
+            start_ns,
+            end_ns,
+            attributes={"sf.job": m.job_id, "sf.batch_id": m.batch_id, "sf.input_rows": m.input_rows},
+        )
 
     def onQueryIdle(self, event: Any) -> None:
         pass

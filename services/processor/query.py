@@ -32,6 +32,12 @@ from shared.jobspec import (
     Source,
     percentile_suffix,
 )
+from shared.telemetry import (
+    SPARK_OBSERVATION,
+    TRACEPARENT,
+    spark_observed_traceparents_sql,
+    spark_sampled_traceparent_sql,
+)
 
 _SPARK_TYPES: dict[FieldType, T.DataType] = {
     FieldType.STRING: T.StringType(),
@@ -48,6 +54,8 @@ SOURCE_OFFSET = "__offset"
 WINDOW = "__window"
 RIGHT_KEY = "__right_key"
 RIGHT_EVENT_TIME = "__right_event_time"
+# A record's W3C traceparent when it says "sampled", else NULL (see shared/TELEMETRY.md).
+TRACE = "__traceparent"
 # Observed metrics counting rows the processor could not read, per source (see _readable()).
 MALFORMED_OBSERVATIONS = ("sf_malformed", "sf_malformed_joined")
 
@@ -68,6 +76,8 @@ def read_source(spark: SparkSession, source: Source, bootstrap: str, max_offsets
         .option("startingOffsets", "earliest")
         # Ingest writes in transactions: never read a batch it may still abort.
         .option("kafka.isolation.level", "read_committed")
+        # For the trace context of sampled records (the traceparent header).
+        .option("includeHeaders", "true")
     )
     if max_offsets is not None:
         reader = reader.option("maxOffsetsPerTrigger", max_offsets)
@@ -77,12 +87,14 @@ def read_source(spark: SparkSession, source: Source, bootstrap: str, max_offsets
         F.from_json(F.col("value").cast("string"), event_schema(source)).alias("e"),
         F.col("partition").alias(SOURCE_PARTITION),
         F.col("offset").alias(SOURCE_OFFSET),
+        F.expr(spark_sampled_traceparent_sql("headers")).alias(TRACE),
     ).select(
         KEY,
         "e.*",
         F.timestamp_millis(F.col(f"e.{source.event_time.field}")).alias(EVENT_TIME),
         SOURCE_PARTITION,
         SOURCE_OFFSET,
+        TRACE,
     )
 
 
@@ -138,6 +150,8 @@ def events(spark: SparkSession, spec: JobSpec, bootstrap: str, max_offsets: int 
     if spec.trigger_mode == "real_time":
         max_offsets = None  # a real-time batch reads for its whole duration, unbounded
     df = _readable(read_source(spark, spec.source, bootstrap, max_offsets), MALFORMED_OBSERVATIONS[0])
+    # The sampled records' trace context: the listener links each batch's span to them.
+    df = df.observe(SPARK_OBSERVATION, F.expr(spark_observed_traceparents_sql(TRACE)).alias("traceparents"))
     if spec.join is not None:
         df = _join(spark, spec, df, bootstrap, max_offsets)
     df = _derive_and_filter(spark, spec, df)
@@ -192,7 +206,9 @@ def windowed(spec: JobSpec, rows: DataFrame) -> DataFrame:
     """Aggregates per (window, key): one column per output name, plus WINDOW and KEY."""
     group_cols, key = _group_columns(spec)
     aggregated = rows.groupBy(_window_column(spec).alias(WINDOW), *group_cols).agg(
-        *[_aggregate(a).alias(f"__agg_{i}") for i, a in enumerate(spec.aggregations)]
+        *[_aggregate(a).alias(f"__agg_{i}") for i, a in enumerate(spec.aggregations)],
+        # One sampled event's trace context per window, carried to the sink as a header.
+        F.max(TRACE).alias(TRACE),
     )
     outputs: list[Column] = []
     for i, agg in enumerate(spec.aggregations):
@@ -203,8 +219,12 @@ def windowed(spec: JobSpec, rows: DataFrame) -> DataFrame:
             outputs.append(F.col(f"__agg_{i}").alias(agg.name))
     keep = list(spec.group_by or spec.source.key)
     if spec.group_by is None:
-        return aggregated.select(WINDOW, KEY, *keep, *outputs)
-    return aggregated.select(WINDOW, key.alias(KEY), *keep, *outputs)
+        return aggregated.select(WINDOW, KEY, *keep, *outputs, TRACE)
+    return aggregated.select(WINDOW, key.alias(KEY), *keep, *outputs, TRACE)
+
+
+def _trace_header() -> Column:
+    return F.struct(F.lit(TRACEPARENT).alias("key"), F.col(TRACE).cast("binary").alias("value"))
 
 
 def having(spark: SparkSession, spec: JobSpec, results: DataFrame) -> Column | None:
@@ -231,14 +251,15 @@ def to_window_results(spec: JobSpec, results: DataFrame, version: int) -> DataFr
     )
     # Keyed by (job, key): every update of one window lands in one partition, in order.
     key = F.concat_ws("|", F.lit(spec.id), F.col(KEY))
-    return results.select(key.alias("key"), value.alias("value"))
+    headers = F.when(F.col(TRACE).isNotNull(), F.array(_trace_header()))
+    return results.select(key.alias("key"), value.alias("value"), headers.alias("headers"))
 
 
 # --- event-forwarding jobs --------------------------------------------------------------------------
 def to_event_records(spec: JobSpec, rows: DataFrame) -> DataFrame:
     """One JSON object per event (its fields and derived fields), keyed like its input record."""
     fields = [c for c in rows.columns if not c.startswith("__")]
-    headers = F.array(
+    every = F.array(
         F.struct(F.lit(constants.HDR_JOB).alias("key"), F.lit(spec.id).cast("binary").alias("value")),
         F.struct(
             F.lit(constants.HDR_EVENT_SOURCE_PARTITION).alias("key"),
@@ -248,7 +269,9 @@ def to_event_records(spec: JobSpec, rows: DataFrame) -> DataFrame:
             F.lit(constants.HDR_EVENT_SOURCE_OFFSET).alias("key"),
             F.col(SOURCE_OFFSET).cast("string").cast("binary").alias("value"),
         ),
+        _trace_header(),
     )
+    headers = F.filter(every, lambda h: h["value"].isNotNull())  # the traceparent only when sampled
     value = F.to_json(F.struct(*[F.col(f) for f in fields]), {"ignoreNullFields": "false"})
     return rows.select(F.col(KEY).alias("key"), value.alias("value"), headers.alias("headers"))
 

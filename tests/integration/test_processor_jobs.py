@@ -15,7 +15,9 @@ from typing import Any
 import grpc
 import orjson
 import pytest
+from confluent_kafka import Producer
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from pyspark.sql import SparkSession
 
 from infra.datagen import oracle_window_counts
@@ -29,11 +31,14 @@ from shared.kafka import ensure_topics
 from shared.proto import streamforge_pb2 as pb
 from shared.proto import streamforge_pb2_grpc as pb_grpc
 from shared.records import WindowResult
+from shared.telemetry import TRACEPARENT, flush_tracing, setup_tracing
 from tests.integration.test_processor import spark  # noqa: F401  (the shared session fixture)
 from tests.kafka_util import produce_keyed, read_all
 
 pytestmark = pytest.mark.integration
 BASE = 1_767_225_600_000
+SPANS = InMemorySpanExporter()
+SAMPLED = "00-0000000000000000000000000000abcd-00000000000000ef-01"
 
 
 def spec_json(job_id: str, topic: str, **extra: Any) -> str:
@@ -68,7 +73,7 @@ def processor(
         grpc_port=0,
         job_restart_backoff_ms=100,
     )
-    listener = JobMetricsListener()
+    listener = JobMetricsListener(setup_tracing("processor", settings, exporter=SPANS))
     spark.streams.addListener(listener)
     manager = JobManager(spark, settings, listener)
     server = GrpcServer(manager, "127.0.0.1", 0)
@@ -129,7 +134,12 @@ def test_commands_metrics_savepoint_and_restores_are_exact(
     part1 = events("/a", BASE, 120) + events("/b", BASE + 3_000, 60)
     part2 = events("/a", BASE + 5_000, 150, step=53) + events("/b", BASE + 1_000, 90, step=211)
     part3 = events("/b", BASE + 2_000, 40)
-    send(kafka_bootstrap, topic, part1)
+    send(kafka_bootstrap, topic, part1[1:])
+    traced = Producer({"bootstrap.servers": kafka_bootstrap})  # one event carries a sampled trace
+    traced.produce(
+        f"{topic}.valid", key=b"/a", value=orjson.dumps(part1[0]), headers=[(TRACEPARENT, SAMPLED.encode())]
+    )
+    assert traced.flush(30) == 0
 
     # Start; the status carries the batch metrics.
     status = stub.StartJob(pb.StartJobRequest(job_id=unique, spec_json=spec_json(unique, topic)), timeout=60)
@@ -159,7 +169,12 @@ def test_commands_metrics_savepoint_and_restores_are_exact(
     assert sum(sp1.offsets[0][f"{topic}.valid"].values()) == len(part1)
     first_run = newest(kafka_bootstrap, out, unique)
     assert counts(first_run) == oracle_window_counts(part1, 10_000)
-
+    # The traced event's window carries its trace context to the sink; its batch has a linked span.
+    headers = [dict(m.headers() or []) for m in read_all(kafka_bootstrap, out)]
+    assert {h.get(TRACEPARENT) for h in headers} == {SAMPLED.encode(), None}
+    flush_tracing()
+    spans = [s for s in SPANS.get_finished_spans() if s.name == f"micro-batch {unique}"]
+    assert any(link.context.trace_id == 0xABCD for s in spans for link in s.links), spans
     # Restore as a new job: its state is the savepoint's, so its counts cover part1 + part2.
     renamed = f"{unique}-b"
     restored = stub.StartJob(
