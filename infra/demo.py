@@ -6,6 +6,7 @@ printed counts always equal the oracle's. The stack stays up afterwards; `make s
 
 from __future__ import annotations
 
+import secrets
 import shutil
 import sys
 import time
@@ -41,12 +42,17 @@ def step(msg: str) -> None:
 
 def main() -> int:
     started = time.monotonic()
-    cfg = StackConfig(job_specs=(SPEC_PATH,))
+    # A fresh admin token per demo: control is never left open for writes, even on loopback.
+    cfg = StackConfig(job_specs=(SPEC_PATH,), control_token=secrets.token_urlsafe(24))
     spec = load_job_spec(SPEC_PATH)
+    token_file = cfg.run_dir / "control-token"
     try:
         step("stopping any previous demo and clearing its data")
         procs.stop_all(cfg.run_dir)
         shutil.rmtree(cfg.run_dir, ignore_errors=True)
+        cfg.run_dir.mkdir(parents=True)
+        token_file.write_text(cfg.control_token + "\n")
+        token_file.chmod(0o600)
         step("Kafka, Spark-Kafka and Zipkin jars (from Maven Central once, then cached)")
         kafka_classpath()
         spark_kafka_jars()
@@ -81,6 +87,8 @@ def main() -> int:
     if _serves(f"{cfg.control_url}/dashboard"):  # once control includes the dashboard router
         console.print(f"  dashboard     {cfg.control_url}/dashboard")
     console.print(f"  logs          {cfg.run_dir / 'logs'}")
+    console.print(f"  API token     {token_file}  (read+write; curl -H 'Authorization: Bearer ...')")
+    console.print(f"  CLI           SF_CLI_TOKEN=$(cat {token_file}) .venv/bin/streamforge list")
     console.print("  stop it all   make stop")
     ok = got == expected and dlq == len(data.bad)
     if not ok:
@@ -112,7 +120,8 @@ def wait_for_results(
     total = sum(expected.values())
     got: dict[tuple[str, int], int] = {}
     deadline = time.monotonic() + RESULT_TIMEOUT_S
-    with _progress() as bar, httpx.Client(base_url=cfg.control_url, timeout=10) as http:
+    headers = {"Authorization": f"Bearer {cfg.control_token}"} if cfg.control_token else {}
+    with _progress() as bar, httpx.Client(base_url=cfg.control_url, timeout=10, headers=headers) as http:
         task = bar.add_task("events in windows (Redis, via control API)", total=total)
         while time.monotonic() < deadline:
             resp = http.get(f"/jobs/{job_id}/results", params={"limit": 100_000})

@@ -43,6 +43,9 @@ class StackConfig:
     kafka_heap: str = "768m"
     # Zipkin: tracing UI and span collector (its API and UI share the port).
     zipkin_port: int = 9411
+    # A bearer token with read and write scopes for the control API; empty: no tokens, so control
+    # refuses every write and serves reads openly (its secure default).
+    control_token: str = ""
 
     @property
     def bootstrap(self) -> str:
@@ -113,6 +116,11 @@ def service_env(cfg: StackConfig) -> dict[str, str]:
         "SF_PROCESSOR_METRICS_PORT": str(processor_port),
         "SF_SINK_METRICS_PORT": str(sink_port),
         "SF_CONTROL_PORT": str(cfg.control_port),
+        **(
+            {"SF_CONTROL_TOKENS": json.dumps({cfg.control_token: ["read", "write"]})}
+            if cfg.control_token
+            else {}
+        ),
         "SF_CONTROL_GRPC_PORT": str(cfg.grpc_ports[0]),
         "SF_CONTROL_GRPC_TARGET": f"127.0.0.1:{cfg.grpc_ports[0]}",
         "SF_PROCESSOR_GRPC_PORT": str(cfg.grpc_ports[1]),
