@@ -201,11 +201,22 @@ class Ingest:
             self.progress.stop()
             self.progress = None
         if self._consumer is not None:
+            self._release_partitions(self._consumer)
             self._consumer.close()
             self._consumer = None
         if self._producer is not None:
             self._producer.flush(10)
             self._producer = None
+
+    def _release_partitions(self, consumer: Consumer, timeout_s: float = 10.0) -> None:
+        """Unsubscribe and serve the revocation before close(): a rebalance callback run by close()
+        itself can hang forever in rd_kafka_rebalance_protocol() (librdkafka #4041; seen here)."""
+        if not self._assigned:
+            return
+        consumer.unsubscribe()
+        deadline = time.monotonic() + timeout_s
+        while self._assigned and time.monotonic() < deadline:
+            consumer.consume(num_messages=100, timeout=0.1)  # records read now are not committed: dropped
 
     # --- stream definitions at run time (gRPC) --------------------------------------------------------
     def apply_streams(self, definitions: Iterable[StreamDefinition], timeout_s: float = 30.0) -> list[str]:

@@ -31,7 +31,7 @@ from opentelemetry.trace import SpanKind
 from services.ingest.app import Ingest
 from services.ingest.errors import IngestError
 from services.ingest.streams import StreamDefinition
-from services.ingest.validate import OVERSIZED_RECORD, Rejection, ValidEvent, validate_document
+from services.ingest.validate import OVERSIZED_RECORD, RecordValidator, Rejection, ValidEvent
 from shared.kafka import check_metadata, dead_letter_headers_at
 from shared.metrics import DLQ_EVENTS, HTTP_EVENTS
 from shared.telemetry import (
@@ -109,6 +109,7 @@ class HttpIngest:
     def publish(self, stream: StreamDefinition, docs: list[Any]) -> PostOutcome:
         source = self.ingest.streams.get(stream.topic, stream).source
         policy, now = self.ingest.policy, self.ingest.now_ms()
+        validator = RecordValidator(source, policy)
         delivery = _Delivery()
         results: list[dict[str, Any]] = []
         queue_full = False
@@ -125,7 +126,7 @@ class HttpIngest:
                     OVERSIZED_RECORD, f"record is {len(raw)} bytes, the limit is {policy.max_record_bytes}"
                 )
             else:
-                verdict = validate_document(source, doc, policy, now)
+                verdict = validator.check_document(doc, now)
             report = functools.partial(delivery.report, i)
             if queue_full:
                 results.append(

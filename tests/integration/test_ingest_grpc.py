@@ -13,7 +13,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from infra.stack import StackConfig
 from services.ingest.app import Ingest
 from services.ingest.grpc_server import GrpcServer
-from shared.kafka import admin
 from shared.proto import streamforge_pb2 as pb
 from shared.proto import streamforge_pb2_grpc as pb_grpc
 from tests.integration.test_ingest import BASE_MS, ingest_settings, stream_definition
@@ -88,16 +87,3 @@ def test_apply_streams_adds_a_stream_at_run_time(running: tuple[Ingest, str], ka
         reply = stub.ApplyStreams(pb.ApplyStreamsRequest(), timeout=60)
         assert list(reply.topics) == [configured]
     assert ingest.streams.keys() == {configured}
-
-
-def test_topics_of_a_pushed_stream_exist_before_the_reply(
-    running: tuple[Ingest, str], kafka_bootstrap: str
-) -> None:
-    ingest, address = running
-    topic = next(iter(ingest.streams))[:-1] + "c"
-    with grpc.insecure_channel(address) as channel:
-        pb_grpc.StreamConfigStub(channel).ApplyStreams(
-            pb.ApplyStreamsRequest(job_spec_json=[job_spec_json(topic)]), timeout=60
-        )
-    existing = set(admin(kafka_bootstrap).list_topics(timeout=10).topics)
-    assert {topic, f"{topic}.valid", f"{topic}.dlq", f"{topic}.late"} <= existing
