@@ -153,11 +153,11 @@ def events(spark: SparkSession, spec: JobSpec, bootstrap: str, max_offsets: int 
     # The sampled records' trace context: the listener links each batch's span to them.
     df = df.observe(SPARK_OBSERVATION, F.expr(spark_observed_traceparents_sql(TRACE)).alias("traceparents"))
     if spec.join is not None:
-        df = _join(spark, spec, df, bootstrap, max_offsets)
-    df = _derive_and_filter(spark, spec, df)
-    stateful = spec.kind in ("windowed", "dedup")
-    if stateful:
+        df = _join(spark, spec, df, bootstrap, max_offsets)  # watermarks both of its sources
+    elif spec.kind in ("windowed", "dedup"):
+        # At the source, as ingest and Flink track it: events a filter drops still move event time.
         df = df.withWatermark(EVENT_TIME, f"{spec.watermark.delay_ms} milliseconds")
+    df = _derive_and_filter(spark, spec, df)
     if spec.dedup is not None:
         df = df.dropDuplicatesWithinWatermark(spec.dedup.fields)
     return df
