@@ -12,6 +12,7 @@ import logging
 import threading
 
 from opentelemetry.trace import Tracer
+from py4j.protocol import Py4JError
 from pyspark.sql import SparkSession
 
 from services.processor.errors import ProcessorError
@@ -102,9 +103,14 @@ class Processor:
         if self.grpc is not None:
             self.grpc.stop()
             self.grpc = None
-        if self.manager is not None:
-            self.manager.shutdown()
-            self.manager = None
-        if self.spark is not None:
-            self.spark.stop()
-            self.spark = None
+        # SIGTERM to the process group (how the stack stops services) reaches Spark's JVM too, which
+        # then stops its queries by itself: a JVM already gone is a normal way to end here.
+        try:
+            if self.manager is not None:
+                self.manager.shutdown()
+            if self.spark is not None:
+                self.spark.stop()
+        except (Py4JError, ConnectionError) as e:
+            log.info("Spark's JVM had already stopped (%s)", type(e).__name__)
+        self.manager = None
+        self.spark = None

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
+from py4j.protocol import Py4JError
 from pyspark.errors import AnalysisException
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
@@ -269,6 +270,8 @@ class JobManager:
                 time.sleep(0.02)
         try:
             query.stop()
+        except (Py4JError, ConnectionError):
+            raise  # the JVM is gone: nothing left to stop (the caller decides what that means)
         except Exception as e:  # a query that failed while stopping is stopped all the same
             log.warning("job %s: stopping its query: %s", job.spec.id, _first_line(e))
         self._set(job, query=None)
