@@ -16,6 +16,7 @@ import grpc
 import orjson
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from services.processor import savepoints
 from services.processor.errors import JobNotFoundError, JobStateError, ProcessorError, SavepointError
 from services.processor.jobs import JobManager, JobState, JobView
 from shared.errors import SpecError
@@ -97,19 +98,13 @@ class JobCommandsService(pb_grpc.JobCommandsServicer):
         self.manager = manager
 
     def StartJob(self, request: pb.StartJobRequest, context: grpc.ServicerContext) -> pb.JobStatus:
-        from services.processor import savepoints
-
         try:
             spec = spec_of(request, lambda path: savepoints.load(path).spec)
             view = self.manager.start(spec, request.from_savepoint)
         except (SpecError, ProcessorError) as e:
             _abort(context, e)
-        log.info(
-            "StartJob %s%s: %s",
-            spec.id,
-            f" from {request.from_savepoint}" * bool(request.from_savepoint),
-            view.state,
-        )
+        origin = f" from savepoint {request.from_savepoint}" if request.from_savepoint else ""
+        log.info("StartJob %s%s: %s", spec.id, origin, view.state)
         return to_proto(view)
 
     def StopJob(self, request: pb.StopJobRequest, context: grpc.ServicerContext) -> pb.JobStatus:
