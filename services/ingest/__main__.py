@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import signal
 import sys
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from services.ingest.app import Ingest
 from services.ingest.errors import FatalKafkaError
@@ -18,7 +18,7 @@ from shared.errors import StreamForgeError
 from shared.logs import configure_logging
 from shared.metrics import serve_metrics
 from shared.registry import Registration, start_registration
-from shared.telemetry import TracingSettings, grpc_server_interceptor, setup_tracing, shutdown_tracing
+from shared.telemetry import grpc_server_interceptor, setup_tracing, shutdown_tracing
 
 if TYPE_CHECKING:
     from services.ingest.grpc_server import GrpcServer
@@ -33,8 +33,7 @@ def main() -> int:
     except StreamForgeError as e:  # a bad spec or setting: say what to fix, do not start
         log.error("%s", e)
         return 2
-    # cast: TracingSettings declares tracing_exporter as str, the settings narrow it to a Literal.
-    tracer = setup_tracing("ingest", cast(TracingSettings, settings))
+    tracer = setup_tracing("ingest", settings, instance_id=settings.instance_id)
     try:
         ingest = Ingest(settings, streams, tracer=tracer)
     except StreamForgeError as e:
