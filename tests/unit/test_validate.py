@@ -43,7 +43,14 @@ def test_valid_event_is_keyed_and_normalised() -> None:
     assert isinstance(out, ValidEvent)
     assert out.key == "/a|u1"
     assert out.event_time_ms == NOW - 5
-    assert orjson.loads(out.value) == {"page": "/a", "user": "u1", "ts": NOW - 5, "n": 3, "x": 2.0, "ok": None}
+    assert orjson.loads(out.value) == {
+        "page": "/a",
+        "user": "u1",
+        "ts": NOW - 5,
+        "n": 3,
+        "x": 2.0,
+        "ok": None,
+    }
 
 
 def test_iso8601_event_time_becomes_epoch_ms() -> None:
