@@ -43,7 +43,8 @@ def step(msg: str) -> None:
 def main() -> int:
     started = time.monotonic()
     # A fresh admin token per demo: control is never left open for writes, even on loopback.
-    cfg = StackConfig(job_specs=(SPEC_PATH,), control_token=secrets.token_urlsafe(24))
+    # The services start with no job: the demo submits its spec through the control API, as a user would.
+    cfg = StackConfig(control_token=secrets.token_urlsafe(24))
     spec = load_job_spec(SPEC_PATH)
     token_file = cfg.run_dir / "control-token"
     try:
@@ -62,6 +63,7 @@ def main() -> int:
         # raw stream keeps one order and out-of-order events stay within the watermark's bound.
         ensure_topics(cfg.bootstrap, [spec.source.topic], partitions=1)
         start_services(cfg, SERVICES, step)
+        submit_job(cfg, spec.id)
     except InfraError as e:
         console.print(f"[bold red]error:[/] {e}")
         return 1
@@ -94,6 +96,30 @@ def main() -> int:
     if not ok:
         console.print("[bold red]results differ from the oracle[/]")
     return 0 if ok else 1
+
+
+def submit_job(cfg: StackConfig, job_id: str, timeout_s: float = 120) -> None:
+    """POST the spec (YAML, as written) to control and wait until a processor runs it."""
+    headers = {"Authorization": f"Bearer {cfg.control_token}"}
+    with httpx.Client(base_url=cfg.control_url, timeout=30, headers=headers) as http:
+        resp = http.post(
+            "/jobs", content=SPEC_PATH.read_bytes(), headers={"Content-Type": "application/yaml"}
+        )
+        if resp.status_code >= 400:
+            raise InfraError(f"control refused the demo job ({resp.status_code}): {resp.text}")
+        step(f"submitted job {job_id} to the control API ({SPEC_PATH.relative_to(ROOT)})")
+        deadline = time.monotonic() + timeout_s
+        state = ""
+        while time.monotonic() < deadline:
+            body = http.get(f"/jobs/{job_id}/status").json()
+            state = body.get("state", "")
+            if state == "RUNNING":
+                step(f"job {job_id} RUNNING on {body.get('processor') or 'a processor'}")
+                return
+            if state in ("FAILED", "CANCELED"):
+                raise InfraError(f"job {job_id} is {state}: {body.get('message')}")
+            time.sleep(0.5)
+    raise InfraError(f"job {job_id} not RUNNING within {timeout_s:.0f} s (last state {state or 'unknown'})")
 
 
 def produce(bootstrap: str, topic: str, records: list[bytes]) -> None:

@@ -447,3 +447,15 @@ def test_requests_and_their_commands_are_traced(
     request = next(s for s in spans if s.attributes and s.attributes.get("http.route") == "/jobs")
     assert start.context.trace_id == request.context.trace_id  # the command is part of the request
     assert any(s.name == "streamforge.v1.Registry/Register" for s in spans)
+
+
+# --- dashboard --------------------------------------------------------------------------------------
+def test_dashboard_shows_ingest_topics_under_the_job_that_reads_them(
+    api: TestClient, plane: ControlPlane, unique: str
+) -> None:
+    from services.control.api import _dashboard_sources
+
+    before = _dashboard_sources(plane).label_aliases()
+    assert f"{unique}-clicks" not in before
+    assert submit(api, spec(unique)).status_code == 201
+    assert _dashboard_sources(plane).label_aliases()[f"{unique}-clicks"] == unique

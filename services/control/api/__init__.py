@@ -95,12 +95,30 @@ def _dashboard_sources(control: ControlPlane) -> dashboard.DashboardSources:
             live = {}
         return {**configured.metrics_urls, **live}
 
+    def aliases() -> dict[str, str]:
+        # Ingest labels its metrics by raw topic: show them under the job that reads that topic.
+        try:
+            from_jobs = {
+                str(topic): job.id for job in control.jobs.list() for topic in _source_topics(job.spec)
+            }
+        except ControlError:
+            from_jobs = {}
+        return {**from_jobs, **configured.aliases}
+
     return dashboard.DashboardSources(
         metrics_urls=metrics_urls,
         redis=control.redis,
         jobs=tuple(configured.jobs),
-        aliases=configured.aliases,
+        aliases=aliases,
         windows=configured.windows,
         max_keys=configured.max_keys,
         scrape_timeout_s=configured.scrape_timeout_s,
     )
+
+
+def _source_topics(spec: dict[str, Any]) -> list[str]:
+    """Raw topics of a stored spec (its source, and a join's second source)."""
+    topics = [spec.get("source", {}).get("topic")]
+    join = spec.get("join") or {}
+    topics.append((join.get("source") or {}).get("topic"))
+    return [t for t in topics if t]

@@ -59,7 +59,8 @@ class DashboardSources:
     redis: redis.Redis
     jobs: tuple[str, ...] = ()  # jobs to show even before they have numbers (others are discovered)
     # Metric `job` labels that name a job differently (ingest labels by raw topic): label -> job id.
-    aliases: Mapping[str, str] = field(default_factory=dict)
+    # Called on every refresh when callable, like metrics_urls (control derives it from its job store).
+    aliases: Callable[[], Mapping[str, str]] | Mapping[str, str] = field(default_factory=dict)
     windows: int = 12  # latest windows per job in the chart
     max_keys: int = 8  # keys drawn in the chart; the rest are summed into "(other)"
     scrape_timeout_s: float = 1.5
@@ -69,6 +70,9 @@ class DashboardSources:
     def urls(self) -> dict[str, str]:
         source = self.metrics_urls() if callable(self.metrics_urls) else self.metrics_urls
         return dict(source)
+
+    def label_aliases(self) -> dict[str, str]:
+        return dict(self.aliases() if callable(self.aliases) else self.aliases)
 
 
 def quantile_from_buckets(buckets: Mapping[float, float], q: float) -> float | None:
@@ -237,6 +241,7 @@ async def collect(sources: DashboardSources, now: float | None = None) -> dict[s
         first_name.setdefault(url, name)
     urls = {name: url for url, name in first_name.items()}
     texts = await _scrape_all(urls, sources.scrape_timeout_s)
+    aliases = sources.label_aliases()
     now = time.monotonic() if now is None else now
     status: dict[str, dict[str, Any]] = {}
     rows: dict[str, dict[str, list[dict[str, Any]]]] = {}
@@ -252,7 +257,7 @@ async def collect(sources: DashboardSources, now: float | None = None) -> dict[s
                 continue
             status[source] = {"url": urls[source], "ok": True, "error": None}
             for (svc, label), values in parsed.items():
-                job = sources.aliases.get(label, label)
+                job = aliases.get(label, label)
                 if not job:
                     continue
                 series = sources._history.setdefault((urls[source], svc, label), _Series())
