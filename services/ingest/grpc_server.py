@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from concurrent import futures
 from typing import Any
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from services.ingest.app import Ingest
 from services.ingest.errors import IngestError, StreamConfigError
 from services.ingest.streams import StreamDefinition
 from shared.errors import SpecError
+from shared.grpc_server import HealthServedGrpcServer
 from shared.jobspec import parse_job_spec
 from shared.proto import streamforge_pb2 as pb
 from shared.proto import streamforge_pb2_grpc as pb_grpc
@@ -44,30 +43,15 @@ class StreamConfigService(pb_grpc.StreamConfigServicer):
         return pb.ApplyStreamsResponse(topics=topics)
 
 
-class GrpcServer:
+class GrpcServer(HealthServedGrpcServer):
     def __init__(self, ingest: Ingest, host: str, port: int, interceptors: Sequence[Any] = ()) -> None:
-        self.address = f"{host}:{port}"
-        self.server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="ingest-grpc"),
-            interceptors=list(interceptors),
+        super().__init__(
+            "ingest",
+            host,
+            port,
+            lambda server: pb_grpc.add_StreamConfigServicer_to_server(StreamConfigService(ingest), server),
+            [STREAM_CONFIG_SERVICE],
+            error=IngestError,
+            interceptors=interceptors,
+            workers=4,
         )
-        self.health = health.HealthServicer()
-        pb_grpc.add_StreamConfigServicer_to_server(StreamConfigService(ingest), self.server)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        try:
-            bound = self.server.add_insecure_port(self.address)
-        except RuntimeError as e:
-            raise IngestError(f"cannot serve gRPC on {self.address}: {e}") from e
-        if bound == 0:
-            raise IngestError(f"cannot serve gRPC on {self.address} (port in use?)")
-
-    def start(self) -> None:
-        self.server.start()
-        for service in ("", STREAM_CONFIG_SERVICE):
-            self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
-        log.info("gRPC StreamConfig and health on %s", self.address)
-
-    def stop(self) -> None:
-        for service in ("", STREAM_CONFIG_SERVICE):
-            self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
-        self.server.stop(grace=2).wait(5)

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from concurrent import futures
 from typing import Any
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from services.sink.app import Sink
 from services.sink.errors import SinkError
 from shared.errors import SpecError
+from shared.grpc_server import HealthServedGrpcServer
 from shared.jobspec import parse_job_spec
 from shared.proto import streamforge_pb2 as pb
 from shared.proto import streamforge_pb2_grpc as pb_grpc
@@ -39,30 +38,15 @@ class StreamConfigService(pb_grpc.StreamConfigServicer):
         return pb.ApplyStreamsResponse(topics=topics)
 
 
-class GrpcServer:
+class GrpcServer(HealthServedGrpcServer):
     def __init__(self, sink: Sink, host: str, port: int, interceptors: Sequence[Any] = ()) -> None:
-        self.address = f"{host}:{port}"
-        self.server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="sink-grpc"),
-            interceptors=list(interceptors),
+        super().__init__(
+            "sink",
+            host,
+            port,
+            lambda server: pb_grpc.add_StreamConfigServicer_to_server(StreamConfigService(sink), server),
+            [STREAM_CONFIG_SERVICE],
+            error=SinkError,
+            interceptors=interceptors,
+            workers=2,
         )
-        self.health = health.HealthServicer()
-        pb_grpc.add_StreamConfigServicer_to_server(StreamConfigService(sink), self.server)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        try:
-            bound = self.server.add_insecure_port(self.address)
-        except RuntimeError as e:
-            raise SinkError(f"cannot serve gRPC on {self.address}: {e}") from e
-        if bound == 0:
-            raise SinkError(f"cannot serve gRPC on {self.address} (port in use?)")
-
-    def start(self) -> None:
-        self.server.start()
-        for service in ("", STREAM_CONFIG_SERVICE):
-            self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
-        log.info("gRPC StreamConfig and health on %s", self.address)
-
-    def stop(self) -> None:
-        for service in ("", STREAM_CONFIG_SERVICE):
-            self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
-        self.server.stop(grace=2).wait(5)

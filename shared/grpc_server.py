@@ -1,0 +1,56 @@
+"""A gRPC server for one of our services: its servicers plus the standard grpc.health.v1."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from concurrent import futures
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+class HealthServedGrpcServer:
+    """Binds at construction (so a taken port fails start-up with ``error``), serves on start()."""
+
+    def __init__(
+        self,
+        name: str,
+        host: str,
+        port: int,
+        add_servicers: Callable[[grpc.Server], None],
+        service_names: Sequence[str],
+        *,
+        error: type[Exception],
+        interceptors: Sequence[Any] = (),
+        workers: int = 4,
+    ) -> None:
+        self.address = f"{host}:{port}"
+        self.service_names = ("", *service_names)  # "" is the server as a whole
+        self.server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"{name}-grpc"),
+            interceptors=list(interceptors),
+        )
+        self.health = health.HealthServicer()
+        add_servicers(self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        try:
+            bound = self.server.add_insecure_port(self.address)
+        except RuntimeError as e:
+            raise error(f"cannot serve gRPC on {self.address}: {e}") from e
+        if bound == 0:
+            raise error(f"cannot serve gRPC on {self.address} (port in use?)")
+
+    def start(self) -> None:
+        self.server.start()
+        for service in self.service_names:
+            self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        log.info("gRPC %s and health on %s", ", ".join(self.service_names[1:]), self.address)
+
+    def stop(self) -> None:
+        for service in self.service_names:
+            self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+        self.server.stop(grace=2).wait(5)
