@@ -117,7 +117,7 @@ def test_a_sampled_event_is_one_trace_across_the_real_services_in_zipkin(
     trace_id, producer_span_id = secrets.token_hex(16), secrets.token_hex(8)
     producer = Producer({"bootstrap.servers": cfg.bootstrap})
     for i, e in enumerate(events):
-        headers = (
+        headers: list[tuple[str, str | bytes | None]] | None = (
             [(TRACEPARENT, f"00-{trace_id}-{producer_span_id}-01".encode())] if i == SAMPLED_INDEX else None
         )
         producer.produce(spec.source.topic, value=orjson.dumps(e), headers=headers)
