@@ -49,6 +49,7 @@ from services.ingest.watermark import (
 )
 from shared import constants
 from shared.kafka import (
+    close_consumer,
     consumer_config,
     dead_letter_headers,
     ensure_topics,
@@ -202,7 +203,7 @@ class Ingest:
             self.progress = None
         if self._consumer is not None:
             self._release_partitions(self._consumer)
-            self._consumer.close()
+            close_consumer(self._consumer)
             self._consumer = None
         if self._producer is not None:
             self._producer.flush(10)

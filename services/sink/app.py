@@ -35,7 +35,14 @@ from services.sink.settings import SinkSettings
 from services.sink.store import ResultStore
 from shared import constants
 from shared.jobspec import JobSpec
-from shared.kafka import consumer_config, coordinates, dead_letter_headers, ensure_topics, is_record
+from shared.kafka import (
+    close_consumer,
+    consumer_config,
+    coordinates,
+    dead_letter_headers,
+    ensure_topics,
+    is_record,
+)
 from shared.metrics import DLQ_EVENTS, PROCESSING_LATENCY, RECORDS_PROCESSED
 from shared.records import RESERVED_FIELDS, WindowResult
 from shared.telemetry import redis_write_span, sampled_traceparent
@@ -212,7 +219,7 @@ class Sink:
                         log.warning("redis still failing at shutdown (%s): unwritten updates are replayed", e)
                         break
                     time.sleep(self._next_backoff_s())
-            self._consumer.close()
+            close_consumer(self._consumer)
             self._consumer = None
         if self._producer is not None:
             self._producer.flush(self.settings.dlq_flush_timeout_ms / 1000)
