@@ -212,10 +212,11 @@ class Ingest:
     def _release_partitions(self, consumer: Consumer, timeout_s: float = 10.0) -> None:
         """Unsubscribe and serve the revocation before close(): a rebalance callback run by close()
         itself can hang forever in rd_kafka_rebalance_protocol() (librdkafka #4041; seen here)."""
-        if not self._assigned:
-            return
         consumer.unsubscribe()
         deadline = time.monotonic() + timeout_s
+        # Serve at least once even with nothing assigned: a join still in flight (a consumer that was
+        # never polled) delivers its assignment here, and its revocation next, not inside close().
+        consumer.consume(num_messages=100, timeout=0.1)
         while self._assigned and time.monotonic() < deadline:
             consumer.consume(num_messages=100, timeout=0.1)  # records read now are not committed: dropped
 
