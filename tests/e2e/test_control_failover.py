@@ -35,6 +35,7 @@ from infra.stack import StackConfig, start_service, wait_service_ready
 from shared import constants
 from shared.jobspec import load_job_spec
 from shared.kafka import ensure_topics
+from tests.e2e.stack_util import PAGE_VIEWS_SPEC
 from tests.kafka_util import produce_all
 
 pytestmark = pytest.mark.e2e
@@ -50,18 +51,6 @@ CONTROL_ENV = {
 }
 # The processor runs what control tells it, nothing from spec files.
 PROCESSOR_ENV = {"SF_PROCESSOR_JOB_SPECS": "[]"}
-SPEC = """
-id: {name}
-source:
-  topic: {name}
-  fields: {{page: string, user: string, ts: timestamp, latency_ms: double}}
-  key: [page]
-  event_time: {{field: ts, format: epoch_ms}}
-window: {{type: tumbling, size: 5s}}
-watermark: {{max_out_of_orderness: 4s}}
-aggregations: [{{fn: count, as: views}}]
-trigger_interval: 500ms
-"""
 START_MS = 1_767_225_600_000
 
 
@@ -114,7 +103,7 @@ def stack(
     specs = {}
     for scenario in ("restart", "failover"):
         path = folder / f"{scenario}.yaml"
-        path.write_text(SPEC.format(name=f"ctl-{scenario}-{tag}"))
+        path.write_text(PAGE_VIEWS_SPEC.format(name=f"ctl-{scenario}-{tag}"))
         specs[scenario] = path
     # Ingest validates both streams from the start; the processor gets its jobs from control only.
     cfg = dataclasses.replace(stack_cfg, job_specs=tuple(specs.values()))

@@ -9,7 +9,6 @@ screenshots land in the test stack's run dir (.run/test[-<offset>]/dashboard*.pn
 
 from __future__ import annotations
 
-import dataclasses
 import socket
 import threading
 import time
@@ -22,31 +21,18 @@ import redis
 import uvicorn
 from fastapi import FastAPI
 
-from infra import procs
 from infra.apt import CHROMIUM
 from infra.datagen import click_events, oracle_window_counts
-from infra.stack import StackConfig, start_services
+from infra.stack import StackConfig
 from services.control import dashboard
 from shared.jobspec import load_job_spec
-from shared.kafka import ensure_topics
+from tests.e2e.stack_util import page_views_services
 from tests.kafka_util import produce_all
 from tests.metrics_util import SERVICE_METRICS, assert_exposition_has, scrape
 
 pytestmark = pytest.mark.e2e
 
 PIPELINE = ("ingest", "processor", "sink")
-SPEC = """
-id: {name}
-source:
-  topic: {name}
-  fields: {{page: string, user: string, ts: timestamp, latency_ms: double}}
-  key: [page]
-  event_time: {{field: ts, format: epoch_ms}}
-window: {{type: tumbling, size: 5s}}
-watermark: {{max_out_of_orderness: 4s}}
-aggregations: [{{fn: count, as: views}}]
-trigger_interval: 500ms
-"""
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",
@@ -73,16 +59,8 @@ def _free_port() -> int:
 def pipeline(
     stack_cfg: StackConfig, kafka_bootstrap: str, redis_url: str, unique: str, tmp_path: Path
 ) -> Iterator[StackConfig]:
-    spec_path = tmp_path / "job.yaml"
-    spec_path.write_text(SPEC.format(name=unique))
-    cfg = dataclasses.replace(stack_cfg, job_specs=(spec_path,))
-    ensure_topics(kafka_bootstrap, [unique], partitions=1)  # one raw order: see infra/demo.py
-    try:
-        start_services(cfg, PIPELINE, step=lambda _msg: None)
+    with page_views_services(stack_cfg, unique, tmp_path, PIPELINE) as cfg:
         yield cfg
-    finally:
-        for name in PIPELINE:
-            procs.stop_process(name, cfg.run_dir)
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ the malformed records.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,41 +16,20 @@ import pytest
 
 from infra import procs
 from infra.datagen import click_events, oracle_window_counts
-from infra.stack import SERVICES, StackConfig, start_services
+from infra.stack import SERVICES, StackConfig
 from shared.jobspec import load_job_spec
-from shared.kafka import ensure_topics
+from tests.e2e.stack_util import page_views_services
 from tests.kafka_util import produce_all, read_all
 
 pytestmark = pytest.mark.e2e
-
-SPEC = """
-id: {name}
-source:
-  topic: {name}
-  fields: {{page: string, user: string, ts: timestamp, latency_ms: double}}
-  key: [page]
-  event_time: {{field: ts, format: epoch_ms}}
-window: {{type: tumbling, size: 5s}}
-watermark: {{max_out_of_orderness: 4s}}
-aggregations: [{{fn: count, as: views}}]
-trigger_interval: 500ms
-"""
 
 
 @pytest.fixture
 def running_stack(
     stack_cfg: StackConfig, kafka_bootstrap: str, redis_url: str, unique: str, tmp_path: Path
 ) -> Iterator[StackConfig]:
-    spec_path = tmp_path / "job.yaml"
-    spec_path.write_text(SPEC.format(name=unique))
-    cfg = dataclasses.replace(stack_cfg, job_specs=(spec_path,))
-    ensure_topics(kafka_bootstrap, [unique], partitions=1)  # one raw order: see infra/demo.py
-    try:
-        start_services(cfg, SERVICES, step=lambda _msg: None)
+    with page_views_services(stack_cfg, unique, tmp_path, SERVICES) as cfg:
         yield cfg
-    finally:
-        for name in SERVICES:
-            procs.stop_process(name, cfg.run_dir)
 
 
 def test_events_through_all_services_equal_the_oracle(running_stack: StackConfig, unique: str) -> None:

@@ -16,7 +16,6 @@ travels in the valid topic's header, and the window's output row carries the sam
 
 from __future__ import annotations
 
-import dataclasses
 import secrets
 import time
 from collections.abc import Iterator
@@ -31,28 +30,16 @@ from confluent_kafka import Producer
 
 from infra import procs
 from infra.datagen import oracle_window_counts
-from infra.stack import StackConfig, start_service, wait_service_ready
+from infra.stack import StackConfig
 from infra.zipkin import ZipkinServer
 from services.control.results import read_results
 from shared.jobspec import load_job_spec
-from shared.kafka import ensure_topics
 from shared.telemetry import TRACEPARENT
+from tests.e2e.stack_util import page_views_services
 
 pytestmark = pytest.mark.e2e
 
 PIPELINE = ("ingest", "processor", "sink")
-SPEC = """
-id: {name}
-source:
-  topic: {name}
-  fields: {{page: string, user: string, ts: timestamp, latency_ms: double}}
-  key: [page]
-  event_time: {{field: ts, format: epoch_ms}}
-window: {{type: tumbling, size: 5s}}
-watermark: {{max_out_of_orderness: 4s}}
-aggregations: [{{fn: count, as: views}}]
-trigger_interval: 500ms
-"""
 EVENTS = 24
 SAMPLED_INDEX = 9
 
@@ -66,22 +53,11 @@ def pipeline(
     unique: str,
     tmp_path: Path,
 ) -> Iterator[StackConfig]:
-    spec_path = tmp_path / "job.yaml"
-    spec_path.write_text(SPEC.format(name=unique))
-    cfg = dataclasses.replace(stack_cfg, job_specs=(spec_path,))
-    assert cfg.zipkin_url == zipkin.base_url  # service_env points the exporters at this Zipkin
-    ensure_topics(kafka_bootstrap, [unique], partitions=1)  # one raw order: see infra/demo.py
+    assert stack_cfg.zipkin_url == zipkin.base_url  # service_env points the exporters at this Zipkin
     # Ratio 0: a trace starts only from a producer's sampled traceparent (never by the gate's draw).
     untraced_by_chance = {"SF_TRACING_SAMPLE_RATIO": "0"}
-    try:
-        for name in PIPELINE:
-            start_service(cfg, name, untraced_by_chance)
-        for name in PIPELINE:
-            wait_service_ready(cfg, name)
+    with page_views_services(stack_cfg, unique, tmp_path, PIPELINE, untraced_by_chance) as cfg:
         yield cfg
-    finally:
-        for name in PIPELINE:
-            procs.stop_process(name, cfg.run_dir)
 
 
 def _zipkin_trace(zipkin: ZipkinServer, trace_id: str, services: set[str], timeout_s: float) -> list[Any]:
