@@ -10,8 +10,10 @@ Layout under run_dir:  logs/zipkin.log (server log), pids/zipkin.pid.
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from infra import procs
 from infra.errors import InfraError
@@ -117,6 +119,23 @@ class ZipkinServer:
         except (OSError, ValueError):
             return False
         return isinstance(body, dict) and body.get("status") == "UP"
+
+    def trace(self, trace_id: str, services: set[str], timeout_s: float = 30) -> list[Any]:
+        """The trace as Zipkin's own API returns it, once spans of all ``services`` have arrived
+        (or whatever it holds at the deadline)."""
+        spans: list[Any] = []
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"{self.base_url}/api/v2/trace/{trace_id}", timeout=5) as resp:
+                    spans = json.loads(resp.read())
+            except OSError:  # 404 until the first span of the trace arrives
+                pass
+            else:
+                if services <= {s["localEndpoint"]["serviceName"] for s in spans}:
+                    return spans
+            time.sleep(0.5)
+        return spans
 
     def wait_ready(self, timeout_s: float = 90) -> None:
         pid = self.pid

@@ -60,21 +60,6 @@ def pipeline(
         yield cfg
 
 
-def _zipkin_trace(zipkin: ZipkinServer, trace_id: str, services: set[str], timeout_s: float) -> list[Any]:
-    """The trace from Zipkin's API once it holds spans of every one of `services` (or at the deadline)."""
-    spans: list[Any] = []
-    deadline = time.monotonic() + timeout_s
-    with httpx.Client(base_url=zipkin.base_url, timeout=5) as http:
-        while time.monotonic() < deadline:
-            resp = http.get(f"/api/v2/trace/{trace_id}")
-            if resp.status_code == 200:
-                spans = resp.json()
-                if services <= {s["localEndpoint"]["serviceName"] for s in spans}:
-                    return spans
-            time.sleep(0.5)
-    return spans
-
-
 def test_a_sampled_event_is_one_trace_across_the_real_services_in_zipkin(
     pipeline: StackConfig, zipkin: ZipkinServer, unique: str
 ) -> None:
@@ -114,7 +99,7 @@ def test_a_sampled_event_is_one_trace_across_the_real_services_in_zipkin(
 
     # Zipkin's own API: ONE trace (the producer's id) with spans of all three services.
     services = set(PIPELINE)
-    spans = _zipkin_trace(zipkin, trace_id, services, timeout_s=30)
+    spans = zipkin.trace(trace_id, services, timeout_s=30)
     by_service: dict[str, list[Any]] = {}
     for s in spans:
         assert s["traceId"] == trace_id

@@ -163,21 +163,6 @@ def main(argv: list[str]) -> int:
 
 
 # --- the test --------------------------------------------------------------------------------------
-def _zipkin_trace(
-    zipkin: ZipkinServer, trace_id: str, services: set[str], timeout_s: float = 30
-) -> list[Any]:
-    """The trace as Zipkin's API returns it, once spans of all `services` have arrived."""
-    spans: list[Any] = []
-    deadline = time.monotonic() + timeout_s
-    with httpx.Client(base_url=zipkin.base_url, timeout=5) as http:
-        while time.monotonic() < deadline:
-            resp = http.get(f"/api/v2/trace/{trace_id}")
-            if resp.status_code == 200:
-                spans = resp.json()
-                if services <= {s["localEndpoint"]["serviceName"] for s in spans}:
-                    return spans
-            time.sleep(0.5)
-    return spans
 
 
 def test_a_sampled_event_is_one_trace_across_three_services_in_zipkin(
@@ -246,7 +231,7 @@ def test_a_sampled_event_is_one_trace_across_three_services_in_zipkin(
     assert {(w["key"], w["window_start"]): w["aggregates"]["views"] for w in stored} == dict(expected)
 
     services = {names["ingest"], names["processor"], names["sink"]}
-    spans = _zipkin_trace(zipkin, trace_id, services)
+    spans = zipkin.trace(trace_id, services)
     by_service: dict[str, list[Any]] = {}
     for s in spans:
         assert s["traceId"] == trace_id
