@@ -1,4 +1,8 @@
-"""Prometheus metrics every service exposes, named as the design documents name them."""
+"""Prometheus metrics every service exposes, named as the design documents name them.
+
+These are the platform's shared families: one set of names and labels (``service``, ``job``) for every
+service, so dashboards and alerts add replicas up. A service's own metrics live in its ``metrics.py``.
+"""
 
 from __future__ import annotations
 
@@ -15,26 +19,7 @@ PROCESSING_LATENCY = Histogram(
 )
 DLQ_EVENTS = Counter("dlq_events_total", "Records sent to a dead-letter topic", ["service", "job", "reason"])
 
-
-def serve_metrics(port: int, host: str = "127.0.0.1") -> None:
-    """Expose /metrics on its own port (the FastAPI control service mounts it on its app instead)."""
-    start_http_server(port, addr=host)
-
-
-# --- control plane ----------------------------------------------------------------------------------
-CONTROL_JOBS = Gauge("control_jobs", "Jobs in the job store, by state", ["state"])
-CONTROL_INSTANCES = Gauge("control_live_instances", "Registered instances that heartbeat", ["service"])
-CONTROL_JOB_TRANSITIONS = Counter(
-    "control_job_transitions_total", "Job state changes control made", ["from_state", "to_state"]
-)
-CONTROL_COMMANDS = Counter("control_commands_total", "gRPC commands control sent to instances", ["command"])
-CONTROL_HEARTBEATS = Counter(
-    "control_heartbeats_total", "Heartbeats received; unknown ones are told to register", ["result"]
-)
-
-
-# --- ingest: watermarks, late events, lag -----------------------------------------------------------
-WATERMARK_MS = Gauge("watermark_ms", "A stream's event-time watermark (epoch ms)", ["service", "job"])
+# --- event time, lateness and lag (ingest and processor) --------------------------------------------
 WATERMARK_LAG_MS = Gauge(
     "watermark_lag_ms", "Processing time minus a stream's watermark, in milliseconds", ["service", "job"]
 )
@@ -46,12 +31,8 @@ CONSUMER_LAG = Gauge(
     "Records of a topic the service's consumer group has not committed yet",
     ["service", "job"],
 )
-HTTP_EVENTS = Counter(
-    "http_ingest_events_total", "Events posted to the HTTP ingest endpoint, by outcome", ["job", "outcome"]
-)
 
-
-# --- processor: checkpoints and state (names from the design documents) ----------------------------
+# --- checkpoints and state (processor) --------------------------------------------------------------
 CHECKPOINT_DURATION = Histogram(
     "checkpoint_duration_seconds",
     "Wall time of one checkpoint (a micro-batch's offset and state commit)",
@@ -61,3 +42,8 @@ CHECKPOINT_DURATION = Histogram(
 STATE_SIZE = Gauge(
     "state_size_bytes", "Bytes of window state a job keeps (state store memory)", ["service", "job"]
 )
+
+
+def serve_metrics(port: int, host: str = "127.0.0.1") -> None:
+    """Expose /metrics on its own port (the FastAPI control service mounts it on its app instead)."""
+    start_http_server(port, addr=host)

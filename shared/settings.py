@@ -32,7 +32,7 @@ class BaseServiceSettings(BaseSettings):
     topic_partitions: int = Field(2, ge=1, validation_alias=_shared("topic_partitions"))
     # Where control's gRPC Registry listens; services register and heartbeat there (empty: don't).
     control_grpc_target: str = Field("", validation_alias=_shared("control_grpc_target"))
-    # Tracing (shared.telemetry): where spans go and which share of new traces is kept. The service
+    # Tracing (shared.tracing): where spans go and which share of new traces is kept. The service
     # name is the caller's. "none" turns exporting off; "console" prints spans (debugging only).
     tracing_exporter: TracingExporter = Field("none", validation_alias=_shared("tracing_exporter"))
     tracing_endpoint: str = Field(

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from services.control.api import create_app
 from services.control.settings import ControlSettings
 from shared.logs import configure_logging
-from shared.telemetry import TracingSettings, setup_tracing, shutdown_tracing
+from shared.tracing import TracingSettings, setup_tracing, shutdown_tracing
 
 
 def main() -> int:

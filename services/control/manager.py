@@ -33,17 +33,17 @@ import orjson
 
 from services.control.errors import ControlError, IllegalTransition, JobConflict, JobNotFound, PathRefused
 from services.control.lifecycle import ACTIVE_STATES, JobState, allowed_next, can_transition
-from services.control.peers import TRANSIENT_CODES, Peers, code_of, describe
-from services.control.settings import ControlSettings
-from services.control.store import InstanceRecord, InstanceStore, JobRecord, JobStore
-from shared.jobspec import JobSpec, spec_to_json
-from shared.metrics import (
+from services.control.metrics import (
     CONTROL_COMMANDS,
     CONTROL_HEARTBEATS,
     CONTROL_INSTANCES,
     CONTROL_JOB_TRANSITIONS,
     CONTROL_JOBS,
 )
+from services.control.peers import TRANSIENT_CODES, Peers, code_of, describe
+from services.control.settings import ControlSettings
+from services.control.store import InstanceRecord, InstanceStore, JobRecord, JobStore
+from shared.jobspec import JobSpec, spec_to_json
 from shared.proto import streamforge_pb2 as pb
 
 log = logging.getLogger(__name__)

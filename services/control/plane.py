@@ -17,7 +17,7 @@ from services.control.manager import Clock, JobManager, wall_clock_ms
 from services.control.peers import Peers
 from services.control.settings import ControlSettings
 from services.control.store import InstanceStore, JobStore
-from shared.telemetry import grpc_client_interceptor, grpc_server_interceptor
+from shared.tracing import grpc_client_interceptor, grpc_server_interceptor
 
 log = logging.getLogger(__name__)
 

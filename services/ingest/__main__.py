@@ -18,7 +18,7 @@ from shared.errors import StreamForgeError
 from shared.logs import configure_logging
 from shared.metrics import serve_metrics
 from shared.registry import Registration, start_registration
-from shared.telemetry import grpc_server_interceptor, setup_tracing, shutdown_tracing
+from shared.tracing import grpc_server_interceptor, setup_tracing, shutdown_tracing
 
 if TYPE_CHECKING:
     from services.ingest.grpc_server import GrpcServer

@@ -36,9 +36,11 @@ from confluent_kafka import (
 from opentelemetry import trace
 
 from services.ingest.errors import FatalKafkaError, IngestError, StreamConfigError
+from services.ingest.metrics import WATERMARK_MS
 from services.ingest.progress import GroupProgress
 from services.ingest.settings import IngestSettings
 from services.ingest.streams import StreamDefinition, merge_streams
+from services.ingest.tracing import ReceiveSpans, RecordGate
 from services.ingest.validate import RecordPolicy, RecordValidator, Rejection, ValidEvent
 from services.ingest.watermark import (
     NowGetter,
@@ -55,15 +57,7 @@ from shared.kafka import (
     ensure_topics,
     first_offsets,
 )
-from shared.metrics import (
-    DLQ_EVENTS,
-    LATE_EVENTS,
-    PROCESSING_LATENCY,
-    RECORDS_PROCESSED,
-    WATERMARK_LAG_MS,
-    WATERMARK_MS,
-)
-from shared.telemetry import ReceiveSpans, RecordGate
+from shared.metrics import DLQ_EVENTS, LATE_EVENTS, PROCESSING_LATENCY, RECORDS_PROCESSED, WATERMARK_LAG_MS
 
 log = logging.getLogger(__name__)
 SERVICE = "ingest"
@@ -124,7 +118,7 @@ class Ingest:
             min_event_time_ms=settings.min_event_time_ms,
         )
         self.now_ms = now_ms
-        # Without a tracer from shared.telemetry.setup_tracing the gate is off: no record is traced.
+        # Without a tracer from shared.tracing.setup_tracing the gate is off: no record is traced.
         self.tracer = tracer or trace.get_tracer("streamforge.ingest")
         self._gate = RecordGate(self.tracer)
         self.watermarks: dict[str, StreamWatermark] = {}

@@ -30,17 +30,13 @@ from opentelemetry.trace import SpanKind
 
 from services.ingest.app import Ingest
 from services.ingest.errors import IngestError
+from services.ingest.metrics import HTTP_EVENTS
 from services.ingest.streams import StreamDefinition
+from services.ingest.tracing import RecordGate
 from services.ingest.validate import OVERSIZED_RECORD, RecordValidator, Rejection, ValidEvent
 from shared.kafka import check_metadata, dead_letter_headers_at
-from shared.metrics import DLQ_EVENTS, HTTP_EVENTS
-from shared.telemetry import (
-    RecordGate,
-    current_traceparent,
-    fastapi_telemetry,
-    inject_headers,
-    is_sampled_traceparent,
-)
+from shared.metrics import DLQ_EVENTS
+from shared.tracing import current_traceparent, fastapi_telemetry, inject_headers, is_sampled_traceparent
 
 log = logging.getLogger(__name__)
 SERVICE = "ingest-http"
@@ -237,7 +233,7 @@ def _error(status: int, detail: str, headers: dict[str, str] | None = None) -> J
 
 
 def create_app(gateway: HttpIngest, tracer: trace.Tracer | None = None) -> FastAPI:
-    """The ingest HTTP API; with a tracer from shared.telemetry.setup_tracing, requests are traced."""
+    """The ingest HTTP API; with a tracer from shared.tracing.setup_tracing, requests are traced."""
     extra: dict[str, Any] = {"telemetry": fastapi_telemetry(tracer)} if tracer is not None else {}
     app = FastAPI(title="StreamForge ingest", version="0.1.0", **extra)
     app.state.gateway = gateway

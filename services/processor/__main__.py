@@ -16,7 +16,7 @@ from shared.jobspec import load_job_spec
 from shared.logs import configure_logging
 from shared.metrics import serve_metrics
 from shared.registry import start_registration
-from shared.telemetry import grpc_server_interceptor, setup_tracing, shutdown_tracing
+from shared.tracing import grpc_server_interceptor, setup_tracing, shutdown_tracing
 
 
 def _connector_jars(settings: ProcessorSettings) -> list[str]:

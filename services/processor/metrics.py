@@ -28,6 +28,7 @@ from opentelemetry.trace import Tracer
 from prometheus_client import Counter, Gauge
 from pyspark.sql.streaming import StreamingQueryListener
 
+from services.processor.tracing import SPARK_OBSERVATION, spark_progress_times
 from shared.metrics import (
     CHECKPOINT_DURATION,
     CONSUMER_LAG,
@@ -37,7 +38,7 @@ from shared.metrics import (
     STATE_SIZE,
     WATERMARK_LAG_MS,
 )
-from shared.telemetry import SPARK_OBSERVATION, record_batch_span, spark_progress_times
+from shared.tracing import record_batch_span
 
 log = logging.getLogger(__name__)
 SERVICE = "processor"

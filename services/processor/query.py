@@ -20,6 +20,11 @@ from pyspark.sql import types as T
 from pyspark.sql.streaming import StreamingQuery
 
 from services.processor.expressions import checked_column
+from services.processor.tracing import (
+    SPARK_OBSERVATION,
+    spark_observed_traceparents_sql,
+    spark_sampled_traceparent_sql,
+)
 from services.processor.versions import version_of
 from shared import constants
 from shared.errors import SpecError
@@ -32,12 +37,7 @@ from shared.jobspec import (
     Source,
     percentile_suffix,
 )
-from shared.telemetry import (
-    SPARK_OBSERVATION,
-    TRACEPARENT,
-    spark_observed_traceparents_sql,
-    spark_sampled_traceparent_sql,
-)
+from shared.tracing import TRACEPARENT
 
 _SPARK_TYPES: dict[FieldType, T.DataType] = {
     FieldType.STRING: T.StringType(),

@@ -33,6 +33,7 @@ from services.sink.cache import CacheEntry, RecordCache, TopicPartitionKey, entr
 from services.sink.errors import DeadLetterError, SinkError
 from services.sink.settings import SinkSettings
 from services.sink.store import ResultStore
+from services.sink.tracing import redis_write_span
 from shared import constants
 from shared.jobspec import JobSpec
 from shared.kafka import (
@@ -45,7 +46,7 @@ from shared.kafka import (
 )
 from shared.metrics import DLQ_EVENTS, PROCESSING_LATENCY, RECORDS_PROCESSED
 from shared.records import RESERVED_FIELDS, WindowResult
-from shared.telemetry import redis_write_span, sampled_traceparent
+from shared.tracing import sampled_traceparent
 
 log = logging.getLogger(__name__)
 SERVICE = "sink"

@@ -28,15 +28,10 @@ from confluent_kafka import Producer
 
 from infra.paths import ROOT, RUN_DIR
 from infra.zipkin import ZipkinServer
+from services.ingest.tracing import ReceiveSpans, RecordGate
 from shared.jobspec import load_job_spec
 from shared.settings import BaseServiceSettings
-from shared.telemetry import (
-    ReceiveSpans,
-    RecordGate,
-    flush_tracing,
-    setup_tracing,
-    shutdown_tracing,
-)
+from shared.tracing import flush_tracing, setup_tracing, shutdown_tracing
 
 RECORDS = 100_000
 ALL_TRACED_RECORDS = 5_000

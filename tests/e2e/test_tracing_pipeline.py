@@ -34,7 +34,7 @@ from infra.stack import StackConfig
 from infra.zipkin import ZipkinServer
 from services.control.results import read_results
 from shared.jobspec import load_job_spec
-from shared.telemetry import TRACEPARENT
+from shared.tracing import TRACEPARENT
 from tests.e2e.stack_util import page_views_services
 
 pytestmark = pytest.mark.e2e

@@ -21,7 +21,7 @@ from services.control.plane import ControlPlane
 from services.sink.store import ResultStore
 from shared.jobspec import JobSpec
 from shared.records import WindowResult
-from shared.telemetry import provider_of, setup_tracing
+from shared.tracing import provider_of, setup_tracing
 from tests.integration import test_control_fakes as fakes
 from tests.integration.test_control_fakes import (
     READ_TOKEN,

@@ -21,7 +21,7 @@ from services.ingest.settings import IngestSettings
 from services.ingest.streams import StreamDefinition
 from shared import constants
 from shared.kafka import ensure_topics
-from shared.telemetry import TRACEPARENT, flush_tracing, is_sampled_traceparent, setup_tracing
+from shared.tracing import TRACEPARENT, flush_tracing, is_sampled_traceparent, setup_tracing
 from tests.kafka_util import produce_all, read_all
 
 pytestmark = pytest.mark.integration

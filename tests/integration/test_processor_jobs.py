@@ -31,7 +31,7 @@ from shared.kafka import ensure_topics
 from shared.proto import streamforge_pb2 as pb
 from shared.proto import streamforge_pb2_grpc as pb_grpc
 from shared.records import WindowResult
-from shared.telemetry import TRACEPARENT, flush_tracing, setup_tracing
+from shared.tracing import TRACEPARENT, flush_tracing, setup_tracing
 from tests.integration.test_processor import spark  # noqa: F401  (the shared session fixture)
 from tests.kafka_util import produce_keyed, read_all
 

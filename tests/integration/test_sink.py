@@ -32,7 +32,7 @@ from shared.kafka import ensure_topics
 from shared.proto import streamforge_pb2 as pb
 from shared.proto import streamforge_pb2_grpc as pb_grpc
 from shared.records import WindowResult
-from shared.telemetry import TRACEPARENT, TracingSettings, flush_tracing, setup_tracing
+from shared.tracing import TRACEPARENT, TracingSettings, flush_tracing, setup_tracing
 from tests.kafka_util import produce_all, produce_keyed, read_all
 
 pytestmark = pytest.mark.integration

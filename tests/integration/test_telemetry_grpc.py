@@ -1,7 +1,7 @@
 """A control API request continues into the gRPC call it makes: one trace, HTTP → gRPC client → server.
 
 A real gRPC server (the JobCommands contract) on loopback, a FastAPI app traced by FastAPI's native
-OpenTelemetry support with our provider, and the interceptors from shared.telemetry in between.
+OpenTelemetry support with our provider, and the interceptors from shared.tracing in between.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from opentelemetry.trace import SpanKind
 
 from shared.proto import streamforge_pb2 as pb
 from shared.proto import streamforge_pb2_grpc as pb_grpc
-from shared.telemetry import (
+from shared.tracing import (
     fastapi_telemetry,
     flush_tracing,
     grpc_client_interceptor,

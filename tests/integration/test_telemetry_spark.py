@@ -1,7 +1,7 @@
 """The processor's side of tracing on real Spark and Kafka: sampled traceparents out of a micro-batch.
 
 Records reach Spark with W3C traceparent headers (some sampled, some not, one malformed). The SQL from
-shared.telemetry must pick exactly the sampled ones: as the micro-batch's observed metric (for the
+shared.tracing must pick exactly the sampled ones: as the micro-batch's observed metric (for the
 batch span, read in the query listener) and, per window, as the header of the output row (so the sink
 continues the trace). A plain-Python oracle over the same records says what to expect.
 """
@@ -21,18 +21,20 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQueryListener
 
 from infra.fetch import spark_kafka_jars
-from shared.kafka import ensure_topics
-from shared.telemetry import (
+from services.processor.tracing import (
     SPARK_OBSERVATION,
+    spark_observed_traceparents_sql,
+    spark_progress_times,
+    spark_sampled_traceparent_sql,
+)
+from shared.kafka import ensure_topics
+from shared.tracing import (
     TRACEPARENT,
     flush_tracing,
     is_sampled_traceparent,
     record_batch_span,
     sampled_traceparent,
     setup_tracing,
-    spark_observed_traceparents_sql,
-    spark_progress_times,
-    spark_sampled_traceparent_sql,
 )
 from tests.kafka_util import read_all
 

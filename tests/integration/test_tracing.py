@@ -1,7 +1,7 @@
 """One sampled event, three processes, one trace in the real Zipkin, checked through Zipkin's own API.
 
 The three processes stand in for ingest, the processor and the sink, doing what those services do on
-the real broker and Redis with the shared.telemetry helpers (the same lines shared/TELEMETRY.md asks
+the real broker and Redis with the shared.tracing helpers (the same lines shared/TELEMETRY.md asks
 the services to add):
 
   ingest     consume the raw topic; RecordGate per record; receive span; forward with the context
@@ -36,17 +36,16 @@ from confluent_kafka import Consumer, Producer
 from infra.paths import ROOT
 from infra.zipkin import ZipkinServer
 from services.control.results import read_results
+from services.ingest.tracing import ReceiveSpans, RecordGate
+from services.sink.tracing import redis_write_span
 from shared import constants
 from shared.kafka import consumer_config, ensure_topics, is_record
 from shared.records import WindowResult
 from shared.settings import BaseServiceSettings
-from shared.telemetry import (
-    ReceiveSpans,
-    RecordGate,
+from shared.tracing import (
     batch_span,
     flush_tracing,
     inject_headers,
-    redis_write_span,
     sampled_traceparent,
     setup_tracing,
     shutdown_tracing,

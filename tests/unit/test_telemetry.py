@@ -1,4 +1,4 @@
-"""shared.telemetry without a collector: spans go to an in-memory exporter and are checked one by one."""
+"""shared.tracing without a collector: spans go to an in-memory exporter and are checked one by one."""
 
 from __future__ import annotations
 
@@ -14,11 +14,12 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
+from services.ingest.tracing import ReceiveSpans, RecordGate
+from services.processor.tracing import spark_progress_times
+from services.sink.tracing import redis_write_span
 from shared.settings import BaseServiceSettings
-from shared.telemetry import (
+from shared.tracing import (
     TRACEPARENT,
-    ReceiveSpans,
-    RecordGate,
     batch_span,
     extract_context,
     fastapi_telemetry,
@@ -27,10 +28,8 @@ from shared.telemetry import (
     is_sampled_traceparent,
     receive_span,
     record_batch_span,
-    redis_write_span,
     sampled_traceparent,
     setup_tracing,
-    spark_progress_times,
 )
 
 SAMPLED = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"

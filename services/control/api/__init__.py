@@ -18,7 +18,7 @@ from services.control.errors import ControlError
 from services.control.plane import ControlPlane
 from services.control.settings import ControlSettings
 from shared.jobspec import JobSpec
-from shared.telemetry import fastapi_telemetry
+from shared.tracing import fastapi_telemetry
 
 DESCRIPTION = """\
 Submit, watch, cancel and savepoint declarative window jobs; see the registered ingest, processor
