@@ -14,7 +14,10 @@ log = logging.getLogger(__name__)
 
 
 class HealthServedGrpcServer:
-    """Binds at construction (so a taken port fails start-up with ``error``), serves on start()."""
+    """Binds at construction (so a taken port fails start-up with ``error``), serves on start().
+
+    Port 0 picks a free port (``port`` says which).
+    """
 
     def __init__(
         self,
@@ -28,7 +31,7 @@ class HealthServedGrpcServer:
         interceptors: Sequence[Any] = (),
         workers: int = 4,
     ) -> None:
-        self.address = f"{host}:{port}"
+        self.host = host
         self.service_names = ("", *service_names)  # "" is the server as a whole
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"{name}-grpc"),
@@ -38,11 +41,16 @@ class HealthServedGrpcServer:
         add_servicers(self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         try:
-            bound = self.server.add_insecure_port(self.address)
+            bound = self.server.add_insecure_port(f"{host}:{port}")
         except RuntimeError as e:
-            raise error(f"cannot serve gRPC on {self.address}: {e}") from e
+            raise error(f"cannot serve gRPC on {host}:{port}: {e}") from e
         if bound == 0:
-            raise error(f"cannot serve gRPC on {self.address} (port in use?)")
+            raise error(f"cannot serve gRPC on {host}:{port} (port in use?)")
+        self.port = bound  # the one asked for, or the one picked for port 0
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
 
     def start(self) -> None:
         self.server.start()

@@ -6,6 +6,8 @@ service, so dashboards and alerts add replicas up. A service's own metrics live 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 RECORDS_PROCESSED = Counter(
@@ -44,6 +46,10 @@ STATE_SIZE = Gauge(
 )
 
 
-def serve_metrics(port: int, host: str = "127.0.0.1") -> None:
-    """Expose /metrics on its own port (the FastAPI control service mounts it on its app instead)."""
-    start_http_server(port, addr=host)
+def serve_metrics(port: int, host: str = "127.0.0.1") -> Callable[[], None]:
+    """Expose /metrics on its own port (the FastAPI control service mounts it on its app instead).
+
+    Returns what stops it.
+    """
+    httpd, _thread = start_http_server(port, addr=host)
+    return httpd.shutdown

@@ -1,41 +1,58 @@
-"""`python -m services.control`: serve the control API and the gRPC Registry until SIGTERM."""
+"""`python -m services.control`: serve the control API and the gRPC Registry until SIGTERM.
+
+One process: the FastAPI app under uvicorn (main thread); its lifespan runs the control plane (job
+store, gRPC Registry + health, supervisor). /metrics is served on the API's port. Start-up and
+shutdown: shared/service.py.
+"""
 
 from __future__ import annotations
 
+import logging
 import sys
-from typing import cast
 
 import uvicorn
-from pydantic import ValidationError
+from opentelemetry.trace import Tracer
 
 from services.control.api import create_app
 from services.control.settings import ControlSettings
-from shared.logs import configure_logging
-from shared.tracing import TracingSettings, setup_tracing, shutdown_tracing
+from shared.service import Wiring, run_service
+
+log = logging.getLogger("control")
 
 
-def main() -> int:
-    try:
-        settings = ControlSettings()
-    except ValidationError as e:  # fail fast, saying which setting to fix
-        print(f"control: invalid settings:\n{e}", file=sys.stderr)
-        return 2
-    log = configure_logging("control", settings.log_level)
+class ControlService:
+    """uvicorn serving the API; it drains in-flight requests on stop, then the lifespan stops the plane."""
+
+    def __init__(self, settings: ControlSettings, tracer: Tracer) -> None:
+        app = create_app(settings, tracer=tracer)
+        config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning")
+        self.server = uvicorn.Server(config)
+
+    def start(self) -> None:
+        """Nothing before run(): uvicorn binds and starts the lifespan there."""
+
+    def run(self) -> None:
+        self.server.run()
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+
+    def close(self) -> None:
+        """Nothing after run(): the lifespan stopped the control plane."""
+
+
+def build(settings: ControlSettings, tracer: Tracer) -> Wiring:
     if settings.auth_disabled:
         log.warning(
             "SF_CONTROL_AUTH_DISABLED=true: anyone who reaches port %d can change jobs", settings.port
         )
     elif not settings.tokens:
         log.warning("no SF_CONTROL_TOKENS: reads are open and every change is refused (401)")
-    tracer = setup_tracing("control", cast(TracingSettings, settings))
-    try:
-        # uvicorn drains in-flight requests on SIGTERM; the app's lifespan then stops gRPC and the
-        # supervisor.
-        app = create_app(settings, tracer=tracer)
-        uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")
-    finally:
-        shutdown_tracing()
-    return 0
+    return Wiring(ControlService(settings, tracer))
+
+
+def main() -> int:
+    return run_service("control", ControlSettings, build)
 
 
 if __name__ == "__main__":

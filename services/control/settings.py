@@ -1,4 +1,4 @@
-"""Control's settings (``SF_CONTROL_*``), and the CLI's (``SF_CLI_*``). Built in main(), never at import.
+"""Control's settings (``SF_CONTROL_*``). Built in main(), never at import.
 
 Auth is secure by default: with no tokens configured every mutating endpoint answers 401; reads stay
 open so a local demo can show results. ``SF_CONTROL_AUTH_DISABLED=true`` opens everything (local
@@ -11,8 +11,8 @@ import os
 from enum import StrEnum
 from pathlib import Path
 
-from pydantic import AliasChoices, Field, SecretStr, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, model_validator
+from pydantic_settings import SettingsConfigDict
 
 from shared.settings import BaseServiceSettings
 
@@ -79,16 +79,3 @@ class ControlSettings(BaseServiceSettings):
     def allowed_savepoint_roots(self) -> list[Path]:
         roots = self.savepoint_roots or [str(Path(self.data_dir) / "savepoints")]
         return [Path(os.path.normpath(Path(r).resolve())) for r in roots]
-
-
-class CliSettings(BaseSettings):
-    """What the `streamforge` CLI talks to: the control API and (for tail/produce) Kafka."""
-
-    model_config = SettingsConfigDict(env_prefix="SF_CLI_", extra="ignore", populate_by_name=True)
-
-    url: str = "http://127.0.0.1:8081"
-    token: SecretStr | None = None
-    kafka_bootstrap: str = Field(
-        "127.0.0.1:9092", validation_alias=AliasChoices("SF_KAFKA_BOOTSTRAP", "kafka_bootstrap")
-    )
-    timeout_s: float = Field(60.0, gt=0)

@@ -50,6 +50,7 @@ from services.ingest.watermark import (
     wall_clock_ms,
 )
 from shared import constants
+from shared.jobspec import Source
 from shared.kafka import (
     close_consumer,
     consumer_config,
@@ -183,12 +184,9 @@ class Ingest:
         self._stop.set()
 
     def run(self) -> None:
-        """Serve until stop(); start() first."""
-        try:
-            while not self._stop.is_set():
-                self.run_once()
-        finally:
-            self.close()
+        """Serve until stop(); start() first, close() after."""
+        while not self._stop.is_set():
+            self.run_once()
 
     def close(self) -> None:
         self.running.clear()
@@ -213,6 +211,26 @@ class Ingest:
         consumer.consume(num_messages=100, timeout=0.1)
         while self._assigned and time.monotonic() < deadline:
             consumer.consume(num_messages=100, timeout=0.1)  # records read now are not committed: dropped
+
+    # --- the stream catalog the HTTP endpoint reads (services.ingest.http.StreamCatalog) --------------
+    def stream(self, topic: str) -> StreamDefinition | None:
+        return self.streams.get(topic)
+
+    def stream_definitions(self) -> list[StreamDefinition]:
+        return list(self.streams.values())
+
+    def validator_for(self, source: Source) -> RecordValidator:
+        return RecordValidator(source, self.policy)
+
+    def event_clock_ms(self) -> int:
+        return self.now_ms()
+
+    def lag(self, topic: str) -> int | None:
+        progress = self.progress
+        return progress.lag(topic) if progress is not None else None
+
+    def is_running(self) -> bool:
+        return self.running.is_set()
 
     # --- stream definitions at run time (gRPC) --------------------------------------------------------
     def apply_streams(self, definitions: Iterable[StreamDefinition], timeout_s: float = 30.0) -> list[str]:

@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated, Any, Protocol
 
 import orjson
 import uvicorn
@@ -28,12 +28,13 @@ from fastapi.responses import JSONResponse
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
-from services.ingest.app import Ingest
 from services.ingest.errors import IngestError
 from services.ingest.metrics import HTTP_EVENTS
+from services.ingest.settings import IngestSettings
 from services.ingest.streams import StreamDefinition
 from services.ingest.tracing import RecordGate
 from services.ingest.validate import OVERSIZED_RECORD, RecordValidator, Rejection, ValidEvent
+from shared.jobspec import Source
 from shared.kafka import check_metadata, dead_letter_headers_at
 from shared.metrics import DLQ_EVENTS
 from shared.tracing import current_traceparent, fastapi_telemetry, inject_headers, is_sampled_traceparent
@@ -63,6 +64,30 @@ class _Delivery:
                 self.errors[index] = str(err)
 
 
+class StreamCatalog(Protocol):
+    """What the HTTP endpoint needs of the ingest loop it runs beside (services.ingest.app.Ingest)."""
+
+    tracer: trace.Tracer
+
+    def stream(self, topic: str) -> StreamDefinition | None:
+        """The stream of a raw topic as ingested now (control may change them at run time)."""
+
+    def stream_definitions(self) -> list[StreamDefinition]: ...
+
+    def validator_for(self, source: Source) -> RecordValidator:
+        """A validator applying the ingest's record policy to ``source``'s events."""
+
+    def event_clock_ms(self) -> int:
+        """Now, on the clock the Kafka loop judges event times by."""
+
+    def lag(self, topic: str) -> int | None:
+        """Records of ``topic`` the ingest group has not committed yet (None: not known yet)."""
+
+    def is_running(self) -> bool: ...
+
+    def watermark_info(self, topic: str) -> dict[str, object]: ...
+
+
 @dataclass(frozen=True)
 class PostOutcome:
     status_code: int
@@ -72,12 +97,12 @@ class PostOutcome:
 class HttpIngest:
     """Validates posted events and publishes them; the FastAPI app is a thin layer over this."""
 
-    def __init__(self, ingest: Ingest) -> None:
-        self.ingest = ingest
-        s = ingest.settings
+    def __init__(self, catalog: StreamCatalog, settings: IngestSettings) -> None:
+        self.catalog = catalog
+        s = settings
         self.settings = s
         self.queue_limit = 100_000
-        self._gate = RecordGate(ingest.tracer)
+        self._gate = RecordGate(catalog.tracer)
         self.producer = Producer(
             {
                 "bootstrap.servers": s.kafka_bootstrap,
@@ -91,11 +116,11 @@ class HttpIngest:
         )
 
     def stream(self, topic: str) -> StreamDefinition | None:
-        return self.ingest.streams.get(topic)
+        return self.catalog.stream(topic)
 
     def overloaded(self, topic: str, count: int) -> str | None:
         """Why the pipeline cannot take ``count`` more events of ``topic`` now (None: it can)."""
-        lag = self.ingest.progress.lag(topic) if self.ingest.progress is not None else None
+        lag = self.catalog.lag(topic)
         if lag is not None and lag > self.settings.http_max_lag_records:
             return f"ingest lags {lag} records behind on {topic} (limit {self.settings.http_max_lag_records})"
         if len(self.producer) + count > self.queue_limit:
@@ -103,9 +128,9 @@ class HttpIngest:
         return None
 
     def publish(self, stream: StreamDefinition, docs: list[Any]) -> PostOutcome:
-        source = self.ingest.streams.get(stream.topic, stream).source
-        policy, now = self.ingest.policy, self.ingest.now_ms()
-        validator = RecordValidator(source, policy)
+        source = (self.catalog.stream(stream.topic) or stream).source
+        validator, now = self.catalog.validator_for(source), self.catalog.event_clock_ms()
+        policy = validator.policy
         delivery = _Delivery()
         results: list[dict[str, Any]] = []
         queue_full = False
@@ -205,7 +230,7 @@ class HttpIngest:
     def _trace_root(self, gate: RecordGate, topic: str) -> list[tuple[str, str | bytes | None]]:
         """Start a trace for one posted event: a short span whose context the record carries on."""
         parent = gate.context_for(None, chosen=True)
-        span = self.ingest.tracer.start_span(f"post {topic}", context=parent, kind=SpanKind.SERVER)
+        span = self.catalog.tracer.start_span(f"post {topic}", context=parent, kind=SpanKind.SERVER)
         try:
             return inject_headers(None, trace.set_span_in_context(span))
         finally:
@@ -247,21 +272,21 @@ def create_app(gateway: HttpIngest, tracer: trace.Tracer | None = None) -> FastA
     @app.get("/readyz", tags=["health"])
     def readyz(gw: GatewayDep) -> JSONResponse:
         """Ready: the Kafka loop runs and the broker answers a metadata request."""
-        checks = {"loop": gw.ingest.running.is_set(), "kafka": check_metadata(settings.kafka_bootstrap)}
+        checks = {"loop": gw.catalog.is_running(), "kafka": check_metadata(settings.kafka_bootstrap)}
         ready = all(checks.values())
         return JSONResponse(status_code=200 if ready else 503, content={"ready": ready, "checks": checks})
 
     @app.get("/v1/streams", tags=["streams"])
     def list_streams(gw: GatewayDep) -> list[dict[str, Any]]:
         """The streams this ingest accepts events for."""
-        return [d.model_dump(mode="json", by_alias=True) for d in gw.ingest.streams.values()]
+        return [d.model_dump(mode="json", by_alias=True) for d in gw.catalog.stream_definitions()]
 
     @app.get("/v1/streams/{topic}/watermark", tags=["streams"])
     def watermark(topic: str, gw: GatewayDep) -> JSONResponse:
         """The stream's current watermark and its lag behind processing time, per partition too."""
         if gw.stream(topic) is None:
             return _error(404, f"no stream is defined for topic {topic!r}")
-        return JSONResponse(gw.ingest.watermark_info(topic))
+        return JSONResponse(gw.catalog.watermark_info(topic))
 
     @app.post(
         "/v1/streams/{topic}/events",

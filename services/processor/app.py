@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
+from typing import Any
 
 from opentelemetry.trace import Tracer
 from py4j.protocol import Py4JError
@@ -57,31 +59,41 @@ def build_spark(settings: ProcessorSettings, jars: list[str]) -> SparkSession:
 
 
 class Processor:
-    def __init__(self, settings: ProcessorSettings, specs: list[JobSpec], jars: list[str]) -> None:
+    def __init__(
+        self,
+        settings: ProcessorSettings,
+        specs: list[JobSpec],
+        jars: list[str],
+        tracer: Tracer | None = None,
+    ) -> None:
         ids = [s.id for s in specs]
         if len(set(ids)) != len(ids):
             raise ProcessorError(f"job ids must be unique, got {ids}")
         self.settings = settings
         self.specs = specs
         self.jars = jars
+        self.tracer = tracer
         self._stop = threading.Event()
         self.spark: SparkSession | None = None
         self.manager: JobManager | None = None
-        self.grpc: GrpcServer | None = None
 
-    def start(self, interceptors: list[object] | None = None, tracer: Tracer | None = None) -> None:
+    def start(self) -> None:
+        """Start Spark, resume the jobs that ran when the processor last stopped, then the spec files'."""
         s = self.settings
         self.spark = build_spark(s, self.jars)
-        listener = JobMetricsListener(tracer)
+        listener = JobMetricsListener(self.tracer)
         self.spark.streams.addListener(listener)
         self.manager = JobManager(self.spark, s, listener)
-        self.grpc = GrpcServer(self.manager, s.grpc_host, s.grpc_port, interceptors)
-        self.grpc.start()
         given = {spec.id for spec in self.specs}
         self.manager.resume_stored(skip=given)
         for spec in self.specs:
             self.manager.start(spec)  # a spec file that does not start is a start-up error
-        self.grpc.set_serving(True)
+
+    def grpc_server(self, interceptors: Sequence[Any] = ()) -> GrpcServer:
+        """JobCommands over this processor's jobs (start() first)."""
+        assert self.manager is not None, "start() first"
+        s = self.settings
+        return GrpcServer(self.manager, s.grpc_host, s.grpc_port, interceptors)
 
     def job_statuses(self) -> list[pb.JobStatus]:
         """What ListJobs answers; heartbeats to control carry it."""
@@ -91,18 +103,12 @@ class Processor:
         self._stop.set()
 
     def run(self) -> None:
-        """Supervise the jobs until stop(); start() first."""
+        """Supervise the jobs until stop(); start() first, close() after."""
         assert self.manager is not None
-        try:
-            while not self._stop.wait(1.0):
-                self.manager.supervise()
-        finally:
-            self.close()
+        while not self._stop.wait(1.0):
+            self.manager.supervise()
 
     def close(self) -> None:
-        if self.grpc is not None:
-            self.grpc.stop()
-            self.grpc = None
         # SIGTERM to the process group (how the stack stops services) reaches Spark's JVM too, which
         # then stops its queries by itself: a JVM already gone is a normal way to end here.
         try:

@@ -8,18 +8,17 @@ ALREADY_EXISTS, an unknown job NOT_FOUND, a savepoint that cannot be read or tak
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from concurrent import futures
-from typing import NoReturn, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn, TypeVar
 
 import grpc
 import orjson
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from services.processor import savepoints
 from services.processor.errors import JobNotFoundError, JobStateError, ProcessorError, SavepointError
 from services.processor.jobs import JobManager, JobState, JobView
 from shared.errors import SpecError
+from shared.grpc_server import HealthServedGrpcServer
 from shared.jobspec import JobSpec, parse_job_spec, spec_to_json
 from shared.proto import streamforge_pb2 as pb
 from shared.proto import streamforge_pb2_grpc as pb_grpc
@@ -125,38 +124,15 @@ class JobCommandsService(pb_grpc.JobCommandsServicer):
         return pb.ListJobsResponse(jobs=[to_proto(v) for v in self.manager.list()])
 
 
-class GrpcServer:
-    def __init__(
-        self, manager: JobManager, host: str, port: int, interceptors: list[object] | None = None
-    ) -> None:
-        self.server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="processor-grpc"),
-            interceptors=interceptors or [],
+class GrpcServer(HealthServedGrpcServer):
+    def __init__(self, manager: JobManager, host: str, port: int, interceptors: Sequence[Any] = ()) -> None:
+        super().__init__(
+            "processor",
+            host,
+            port,
+            lambda server: pb_grpc.add_JobCommandsServicer_to_server(JobCommandsService(manager), server),
+            [JOB_COMMANDS_SERVICE],
+            error=ProcessorError,
+            interceptors=interceptors,
+            workers=4,
         )
-        self.health = health.HealthServicer()
-        pb_grpc.add_JobCommandsServicer_to_server(JobCommandsService(manager), self.server)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        for service in ("", JOB_COMMANDS_SERVICE):
-            self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
-        try:
-            self.port = self.server.add_insecure_port(f"{host}:{port}")
-        except RuntimeError as e:
-            raise ProcessorError(f"cannot serve gRPC on {host}:{port}: {e}") from e
-        if self.port == 0:
-            raise ProcessorError(f"cannot serve gRPC on {host}:{port} (port in use?)")
-        self.address = f"{host}:{self.port}"
-
-    def start(self) -> None:
-        self.server.start()
-        log.info("gRPC JobCommands and health on %s", self.address)
-
-    def set_serving(self, serving: bool) -> None:
-        status = (
-            health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
-        )
-        for service in ("", JOB_COMMANDS_SERVICE):
-            self.health.set(service, status)
-
-    def stop(self) -> None:
-        self.set_serving(False)
-        self.server.stop(grace=2).wait(5)

@@ -17,7 +17,7 @@ class ProcessorSettings(BaseServiceSettings):
     # Sized for a 2-core machine: more shuffle partitions only add per-partition state-store overhead.
     shuffle_partitions: int = Field(2, ge=1)
     driver_memory: str = "1g"
-    # Jars of Spark's Kafka connector; empty means: the ones `python -m infra fetch` resolved.
+    # Jars of Spark's Kafka connector (required): infra fills it with what `python -m infra fetch` resolved.
     spark_jars: list[str] = Field(default_factory=list)
     # Extra Spark settings, e.g. {"spark.sql.streaming.realTimeMode.minBatchDuration": "2000ms"}.
     spark_conf: dict[str, str] = Field(default_factory=dict)

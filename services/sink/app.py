@@ -197,12 +197,9 @@ class Sink:
         return self._consumer.assignment() if self._consumer is not None else []
 
     def run(self) -> None:
-        """Serve until stop(); start() first."""
-        try:
-            while not self._stop.is_set():
-                self.run_once()
-        finally:
-            self.close()
+        """Serve until stop(); start() first, close() after."""
+        while not self._stop.is_set():
+            self.run_once()
 
     def close(self) -> None:
         """Write what is cached and commit (bounded by shutdown_flush_timeout_ms), then leave the group."""

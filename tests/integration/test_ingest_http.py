@@ -48,7 +48,7 @@ def ingest(kafka_bootstrap: str, unique: str, stream: StreamDefinition) -> Itera
 
 @pytest.fixture
 def client(ingest: Ingest) -> Iterator[TestClient]:
-    gateway = HttpIngest(ingest)
+    gateway = HttpIngest(ingest, ingest.settings)
     with TestClient(create_app(gateway)) as c:
         yield c
     gateway.close()

@@ -6,9 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.errors import SpecError
-from shared.jobspec import load_job_spec, parse_job_spec
-from shared.sdk import (
+from shared.client.sdk import (
     Job,
     avg,
     count,
@@ -21,6 +19,8 @@ from shared.sdk import (
     sum_,
     tumbling,
 )
+from shared.errors import SpecError
+from shared.jobspec import load_job_spec, parse_job_spec
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "services" / "processor" / "examples"
 CLICKS = {"page": "string", "user": "string", "ts": "timestamp", "latency_ms": "double"}
