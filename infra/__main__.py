@@ -87,29 +87,39 @@ def cmd_setup(args: argparse.Namespace) -> None:
     _done("set-up complete", t0)
 
 
+def _run_dirs(run_dir: Path) -> list[Path]:
+    """``run_dir`` and every run dir below it with pid files (the demo's .run/demo, the tests' ...)."""
+    return [run_dir, *sorted(p.parent for p in run_dir.glob("*/pids"))]
+
+
 def cmd_down(args: argparse.Namespace) -> None:
     t0 = time.monotonic()
-    run_dirs = [args.run_dir]
-    if args.all:  # the demo's and the tests' run dirs too
-        run_dirs += sorted(p.parent for p in args.run_dir.glob("*/pids"))
+    run_dirs = _run_dirs(args.run_dir) if args.all else [args.run_dir]
     stopped = [name for run_dir in run_dirs for name in procs.stop_all(run_dir)]
     _done(f"stopped: {', '.join(stopped) if stopped else 'nothing was running'}", t0)
 
 
 def cmd_status(args: argparse.Namespace) -> None:
-    table = Table(title=f"infra status ({args.run_dir})")
+    """One table per run dir: --run-dir's own, then the ones below it that have processes (the demo)."""
+    below = [d for d in _run_dirs(args.run_dir)[1:] if procs.known_names(d)]
+    for run_dir in [args.run_dir, *below]:
+        console.print(_status_table(args, run_dir))
+
+
+def _status_table(args: argparse.Namespace, run_dir: Path) -> Table:
+    table = Table(title=f"infra status ({run_dir})")
     for col in ("component", "pid", "port", "RSS MB", "alive", "ready"):
         table.add_column(col, justify="right" if col in ("pid", "port", "RSS MB") else "left")
-    names = ["kafka", "redis", *(n for n in procs.known_names(args.run_dir) if n not in ("kafka", "redis"))]
+    names = ["kafka", "redis", *(n for n in procs.known_names(run_dir) if n not in ("kafka", "redis"))]
     for name in names:
-        pid = procs.pid_of(name, args.run_dir)
-        port = procs.recorded_port(name, args.run_dir)
+        pid = procs.pid_of(name, run_dir)
+        port = procs.recorded_port(name, run_dir)
         ready: bool | None = None
         if pid is not None:
             if name == "kafka":
-                ready = KafkaBroker(args.run_dir, port or args.kafka_port).is_healthy()
+                ready = KafkaBroker(run_dir, port or args.kafka_port).is_healthy()
             elif name == "redis":
-                ready = RedisServer(args.run_dir, port or args.redis_port).is_healthy()
+                ready = RedisServer(run_dir, port or args.redis_port).is_healthy()
             elif port is not None:
                 ready = procs.port_in_use(port)
         table.add_row(
@@ -120,7 +130,7 @@ def cmd_status(args: argparse.Namespace) -> None:
             "[green]yes[/]" if pid else "[red]no[/]",
             "-" if ready is None else ("[green]yes[/]" if ready else "[red]no[/]"),
         )
-    console.print(table)
+    return table
 
 
 def cmd_smoke(args: argparse.Namespace) -> None:
@@ -152,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
         "down", help="stop every process with a pid file (services, then Zipkin, Redis, Kafka)"
     )
     down.add_argument("--all", action="store_true", help="also every run dir below --run-dir (demo, test)")
-    sub.add_parser("status", help="table of processes, ports, memory")
+    sub.add_parser("status", help="table of processes, ports, memory (of the run dirs below too)")
     smoke = sub.add_parser("smoke", help="produce/consume (plain + transactional) and Redis checks")
     smoke.add_argument("--spark", action="store_true", help="also read the topic with Spark's Kafka source")
     return parser

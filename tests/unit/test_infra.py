@@ -323,3 +323,17 @@ def test_cli_status_with_nothing_running(tmp_path: Path, capsys: pytest.CaptureF
     assert cli_main(["--run-dir", str(tmp_path), "status"]) == 0
     out = capsys.readouterr().out
     assert "kafka" in out and "redis" in out
+
+
+def test_cli_status_shows_the_run_dirs_below_with_processes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    demo = tmp_path / "demo"
+    pid = procs.start_process("ingest", ["sleep", "30"], demo, port=12346)
+    try:
+        assert cli_main(["--run-dir", str(tmp_path), "status"]) == 0
+        out = capsys.readouterr().out
+        assert f"infra status ({demo})" in out
+        assert "ingest" in out and str(pid) in out
+    finally:
+        procs.stop_process("ingest", demo, timeout_s=5)
