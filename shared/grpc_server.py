@@ -5,12 +5,24 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from concurrent import futures
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from shared.errors import StreamForgeError
+
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GrpcServices:
+    """What a service serves over gRPC: a function adding its servicers to a server, and their full
+    names (each also gets a grpc.health.v1 status)."""
+
+    add: Callable[[grpc.Server], None]
+    names: Sequence[str]
 
 
 class HealthServedGrpcServer:
@@ -24,21 +36,20 @@ class HealthServedGrpcServer:
         name: str,
         host: str,
         port: int,
-        add_servicers: Callable[[grpc.Server], None],
-        service_names: Sequence[str],
+        services: GrpcServices,
         *,
-        error: type[Exception],
+        error: type[Exception] = StreamForgeError,
         interceptors: Sequence[Any] = (),
         workers: int = 4,
     ) -> None:
         self.host = host
-        self.service_names = ("", *service_names)  # "" is the server as a whole
+        self.service_names = ("", *services.names)  # "" is the server as a whole
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"{name}-grpc"),
             interceptors=list(interceptors),
         )
         self.health = health.HealthServicer()
-        add_servicers(self.server)
+        services.add(self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         try:
             bound = self.server.add_insecure_port(f"{host}:{port}")

@@ -13,7 +13,7 @@ A service's ``__main__.py`` builds its object and says which endpoints it has:
 
     def build(settings: SinkSettings, tracer: Tracer) -> Wiring:
         sink = Sink(settings, tracer=tracer)
-        return Wiring(sink, grpc=lambda interceptors: GrpcServer(sink, ..., interceptors), ...)
+        return Wiring(sink, grpc=GrpcEndpoint(host, port, grpc_services(sink)), metrics_port=...)
 
     def main() -> int:
         return run_service("sink", SinkSettings, build)
@@ -23,16 +23,16 @@ from __future__ import annotations
 
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from opentelemetry.trace import Tracer
 from pydantic import ValidationError
 
 from shared.errors import StreamForgeError
-from shared.grpc_server import HealthServedGrpcServer
+from shared.grpc_server import GrpcServices, HealthServedGrpcServer
 from shared.logs import configure_logging
 from shared.metrics import serve_metrics
 from shared.registry import JobsProvider, start_registration
@@ -55,27 +55,22 @@ class Service(Protocol):
     def close(self) -> None: ...
 
 
-GrpcFactory = Callable[[Sequence[Any]], HealthServedGrpcServer]
-"""Builds the service's gRPC server (bound, not started) with the runner's interceptors."""
-
-
 @dataclass(frozen=True)
-class Registered:
-    """How the instance registers with control (needs a gRPC port control can call back on)."""
+class GrpcEndpoint:
+    """Where the service serves its gRPC commands (with grpc.health.v1), and registers with control."""
 
-    grpc_port: int
-    metrics_port: int = 0
-    jobs: JobsProvider | None = None
-    instance_id: str | None = None
+    host: str
+    port: int  # 0: any free port (tests); control is told the one picked
+    services: GrpcServices | Callable[[], GrpcServices]  # a callable: built after start()
+    workers: int = 4
 
 
 @dataclass(frozen=True)
 class Wiring:
     service: Service
-    grpc: GrpcFactory | None = None  # None: no gRPC server (then no registration either)
+    grpc: GrpcEndpoint | None = None  # None: no gRPC server, and no registration with control
     metrics_port: int = 0  # 0: no metrics server of its own (control serves /metrics on its API)
-    registration: Registered | None = None
-    instance_id: str | None = None  # names the instance in its spans
+    jobs: JobsProvider | None = None  # what the processor's heartbeats report
 
 
 def run_service(
@@ -119,21 +114,25 @@ def _start(
     service = wiring.service
     teardown.callback(service.close)
     service.start()
-    if wiring.grpc is not None:
-        server = wiring.grpc([grpc_server_interceptor(tracer)])
+    endpoint = wiring.grpc
+    server = None
+    if endpoint is not None:
+        services = endpoint.services if isinstance(endpoint.services, GrpcServices) else endpoint.services()
+        server = HealthServedGrpcServer(
+            name,
+            endpoint.host,
+            endpoint.port,
+            services,
+            interceptors=[grpc_server_interceptor(tracer)],
+            workers=endpoint.workers,
+        )
         teardown.callback(server.stop)
         server.start()
     # The metrics port opens once the service really runs: the stack's readiness check relies on it.
     if wiring.metrics_port:
         teardown.callback(serve_metrics(wiring.metrics_port))
-    if wiring.registration is not None:
-        r = wiring.registration
+    if server is not None:
         registration = start_registration(
-            settings,
-            name,
-            grpc_port=r.grpc_port,
-            metrics_port=r.metrics_port,
-            jobs=r.jobs,
-            instance_id=r.instance_id,
+            settings, name, grpc_port=server.port, metrics_port=wiring.metrics_port, jobs=wiring.jobs
         )
         teardown.callback(registration.stop)

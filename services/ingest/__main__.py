@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING
 from opentelemetry.trace import Tracer
 
 from services.ingest.app import Ingest
-from services.ingest.grpc_server import GrpcServer
+from services.ingest.grpc_server import grpc_services
 from services.ingest.settings import IngestSettings
 from services.ingest.streams import load_configured_streams
-from shared.service import Registered, Wiring, run_service
+from shared.service import GrpcEndpoint, Wiring, run_service
 
 if TYPE_CHECKING:
     from services.ingest.http import HttpIngest, HttpServer
@@ -63,16 +63,12 @@ class IngestService:
 def build(settings: IngestSettings, tracer: Tracer) -> Wiring:
     streams = load_configured_streams(settings.job_specs, settings.streams_file)
     ingest = Ingest(settings, streams, tracer=tracer)
-    service = IngestService(ingest, settings, tracer)
-    if not settings.grpc_port:
-        return Wiring(service, metrics_port=settings.metrics_port)
-
-    # Control pushes the streams of its jobs to the address registered here.
+    # Control pushes the streams of its jobs to the gRPC address this instance registers.
+    grpc = GrpcEndpoint(settings.grpc_host, settings.grpc_port, grpc_services(ingest))
     return Wiring(
-        service,
-        grpc=lambda interceptors: GrpcServer(ingest, settings.grpc_host, settings.grpc_port, interceptors),
+        IngestService(ingest, settings, tracer),
+        grpc=grpc if settings.grpc_port else None,
         metrics_port=settings.metrics_port,
-        registration=Registered(settings.grpc_port, settings.metrics_port),
     )
 
 

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from typing import Any
 
 import grpc
 
@@ -12,7 +10,7 @@ from services.ingest.app import Ingest
 from services.ingest.errors import IngestError, StreamConfigError
 from services.ingest.streams import StreamDefinition
 from shared.errors import SpecError
-from shared.grpc_server import HealthServedGrpcServer
+from shared.grpc_server import GrpcServices
 from shared.jobspec import parse_job_spec
 from shared.proto import streamforge_pb2 as pb
 from shared.proto import streamforge_pb2_grpc as pb_grpc
@@ -43,15 +41,8 @@ class StreamConfigService(pb_grpc.StreamConfigServicer):
         return pb.ApplyStreamsResponse(topics=topics)
 
 
-class GrpcServer(HealthServedGrpcServer):
-    def __init__(self, ingest: Ingest, host: str, port: int, interceptors: Sequence[Any] = ()) -> None:
-        super().__init__(
-            "ingest",
-            host,
-            port,
-            lambda server: pb_grpc.add_StreamConfigServicer_to_server(StreamConfigService(ingest), server),
-            [STREAM_CONFIG_SERVICE],
-            error=IngestError,
-            interceptors=interceptors,
-            workers=4,
-        )
+def grpc_services(ingest: Ingest) -> GrpcServices:
+    return GrpcServices(
+        lambda server: pb_grpc.add_StreamConfigServicer_to_server(StreamConfigService(ingest), server),
+        [STREAM_CONFIG_SERVICE],
+    )

@@ -15,7 +15,7 @@ from services.processor.app import Processor
 from services.processor.errors import ProcessorError
 from services.processor.settings import ProcessorSettings
 from shared.jobspec import load_job_spec
-from shared.service import Registered, Wiring, run_service
+from shared.service import GrpcEndpoint, Wiring, run_service
 
 
 def build(settings: ProcessorSettings, tracer: Tracer) -> Wiring:
@@ -26,13 +26,9 @@ def build(settings: ProcessorSettings, tracer: Tracer) -> Wiring:
         )
     specs = [load_job_spec(p) for p in settings.job_specs]
     processor = Processor(settings, specs, settings.spark_jars, tracer=tracer)
-    return Wiring(
-        processor,
-        grpc=processor.grpc_server,
-        # Opens once every job runs (after start()): the stack's readiness check relies on it.
-        metrics_port=settings.metrics_port,
-        registration=Registered(settings.grpc_port, settings.metrics_port, jobs=processor.job_statuses),
-    )
+    # JobCommands over the job manager that start() builds; served once every job resumed.
+    grpc = GrpcEndpoint(settings.grpc_host, settings.grpc_port, processor.grpc_services)
+    return Wiring(processor, grpc=grpc, metrics_port=settings.metrics_port, jobs=processor.job_statuses)
 
 
 def main() -> int:

@@ -10,18 +10,17 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
-from typing import Any
 
 from opentelemetry.trace import Tracer
 from py4j.protocol import Py4JError
 from pyspark.sql import SparkSession
 
 from services.processor.errors import ProcessorError
-from services.processor.grpc_server import GrpcServer, to_proto
+from services.processor.grpc_server import grpc_services, to_proto
 from services.processor.jobs import JobManager
 from services.processor.metrics import JobMetricsListener
 from services.processor.settings import ProcessorSettings
+from shared.grpc_server import GrpcServices
 from shared.jobspec import JobSpec
 from shared.proto import streamforge_pb2 as pb
 
@@ -89,11 +88,10 @@ class Processor:
         for spec in self.specs:
             self.manager.start(spec)  # a spec file that does not start is a start-up error
 
-    def grpc_server(self, interceptors: Sequence[Any] = ()) -> GrpcServer:
+    def grpc_services(self) -> GrpcServices:
         """JobCommands over this processor's jobs (start() first)."""
         assert self.manager is not None, "start() first"
-        s = self.settings
-        return GrpcServer(self.manager, s.grpc_host, s.grpc_port, interceptors)
+        return grpc_services(self.manager)
 
     def job_statuses(self) -> list[pb.JobStatus]:
         """What ListJobs answers; heartbeats to control carry it."""

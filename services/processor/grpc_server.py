@@ -8,8 +8,8 @@ ALREADY_EXISTS, an unknown job NOT_FOUND, a savepoint that cannot be read or tak
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
-from typing import Any, NoReturn, TypeVar
+from collections.abc import Callable
+from typing import NoReturn, TypeVar
 
 import grpc
 import orjson
@@ -18,7 +18,7 @@ from services.processor import savepoints
 from services.processor.errors import JobNotFoundError, JobStateError, ProcessorError, SavepointError
 from services.processor.jobs import JobManager, JobState, JobView
 from shared.errors import SpecError
-from shared.grpc_server import HealthServedGrpcServer
+from shared.grpc_server import GrpcServices
 from shared.jobspec import JobSpec, parse_job_spec, spec_to_json
 from shared.proto import streamforge_pb2 as pb
 from shared.proto import streamforge_pb2_grpc as pb_grpc
@@ -124,15 +124,8 @@ class JobCommandsService(pb_grpc.JobCommandsServicer):
         return pb.ListJobsResponse(jobs=[to_proto(v) for v in self.manager.list()])
 
 
-class GrpcServer(HealthServedGrpcServer):
-    def __init__(self, manager: JobManager, host: str, port: int, interceptors: Sequence[Any] = ()) -> None:
-        super().__init__(
-            "processor",
-            host,
-            port,
-            lambda server: pb_grpc.add_JobCommandsServicer_to_server(JobCommandsService(manager), server),
-            [JOB_COMMANDS_SERVICE],
-            error=ProcessorError,
-            interceptors=interceptors,
-            workers=4,
-        )
+def grpc_services(manager: JobManager) -> GrpcServices:
+    return GrpcServices(
+        lambda server: pb_grpc.add_JobCommandsServicer_to_server(JobCommandsService(manager), server),
+        [JOB_COMMANDS_SERVICE],
+    )

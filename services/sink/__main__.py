@@ -12,21 +12,15 @@ import sys
 from opentelemetry.trace import Tracer
 
 from services.sink.app import Sink
-from services.sink.grpc_server import GrpcServer
+from services.sink.grpc_server import grpc_services
 from services.sink.settings import SinkSettings
-from shared.service import Registered, Wiring, run_service
+from shared.service import GrpcEndpoint, Wiring, run_service
 
 
 def build(settings: SinkSettings, tracer: Tracer) -> Wiring:
     sink = Sink(settings, tracer=tracer)
-    if not settings.grpc_port:
-        return Wiring(sink, metrics_port=settings.metrics_port)
-    return Wiring(
-        sink,
-        grpc=lambda interceptors: GrpcServer(sink, settings.grpc_host, settings.grpc_port, interceptors),
-        metrics_port=settings.metrics_port,
-        registration=Registered(settings.grpc_port, settings.metrics_port),
-    )
+    grpc = GrpcEndpoint(settings.grpc_host, settings.grpc_port, grpc_services(sink), workers=2)
+    return Wiring(sink, grpc=grpc if settings.grpc_port else None, metrics_port=settings.metrics_port)
 
 
 def main() -> int:

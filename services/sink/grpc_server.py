@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from typing import Any
 
 import grpc
 
 from services.sink.app import Sink
 from services.sink.errors import SinkError
 from shared.errors import SpecError
-from shared.grpc_server import HealthServedGrpcServer
+from shared.grpc_server import GrpcServices
 from shared.jobspec import parse_job_spec
 from shared.proto import streamforge_pb2 as pb
 from shared.proto import streamforge_pb2_grpc as pb_grpc
@@ -38,15 +36,8 @@ class StreamConfigService(pb_grpc.StreamConfigServicer):
         return pb.ApplyStreamsResponse(topics=topics)
 
 
-class GrpcServer(HealthServedGrpcServer):
-    def __init__(self, sink: Sink, host: str, port: int, interceptors: Sequence[Any] = ()) -> None:
-        super().__init__(
-            "sink",
-            host,
-            port,
-            lambda server: pb_grpc.add_StreamConfigServicer_to_server(StreamConfigService(sink), server),
-            [STREAM_CONFIG_SERVICE],
-            error=SinkError,
-            interceptors=interceptors,
-            workers=2,
-        )
+def grpc_services(sink: Sink) -> GrpcServices:
+    return GrpcServices(
+        lambda server: pb_grpc.add_StreamConfigServicer_to_server(StreamConfigService(sink), server),
+        [STREAM_CONFIG_SERVICE],
+    )

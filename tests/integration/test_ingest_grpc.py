@@ -12,7 +12,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from infra.stack import StackConfig
 from services.ingest.app import Ingest
-from services.ingest.grpc_server import GrpcServer
+from services.ingest.grpc_server import grpc_services
+from shared.grpc_server import HealthServedGrpcServer
 from shared.proto import streamforge_pb2 as pb
 from shared.proto import streamforge_pb2_grpc as pb_grpc
 from tests.integration.test_ingest import BASE_MS, ingest_settings, stream_definition
@@ -44,7 +45,7 @@ def running(kafka_bootstrap: str, unique: str, stack_cfg: StackConfig) -> Iterat
     port = stack_cfg.grpc_ports[2]
     ingest = Ingest(ingest_settings(kafka_bootstrap, unique, grpc_port=port), [configured])
     ingest.start()
-    server = GrpcServer(ingest, "127.0.0.1", port)
+    server = HealthServedGrpcServer("ingest", "127.0.0.1", port, grpc_services(ingest))
     server.start()
     loop = threading.Thread(target=ingest.run, daemon=True)
     loop.start()
@@ -54,6 +55,7 @@ def running(kafka_bootstrap: str, unique: str, stack_cfg: StackConfig) -> Iterat
         server.stop()
         ingest.stop()
         loop.join(30)
+        ingest.close()
 
 
 def test_apply_streams_adds_a_stream_at_run_time(running: tuple[Ingest, str], kafka_bootstrap: str) -> None:

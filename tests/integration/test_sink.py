@@ -24,10 +24,11 @@ from services.control.api import create_app
 from services.control.results import read_results
 from services.control.settings import ControlSettings
 from services.sink.app import Sink
-from services.sink.grpc_server import GrpcServer
+from services.sink.grpc_server import grpc_services
 from services.sink.settings import SinkSettings
 from services.sink.store import LIBRARY, ResultStore
 from shared import constants
+from shared.grpc_server import HealthServedGrpcServer
 from shared.kafka import ensure_topics
 from shared.proto import streamforge_pb2 as pb
 from shared.proto import streamforge_pb2_grpc as pb_grpc
@@ -442,7 +443,7 @@ def test_control_applies_jobs_and_the_sink_follows_their_output_topics(
     sink = start(
         started, sink_settings(kafka_bootstrap, redis_url, configured, unique, commit_interval_ms=100)
     )
-    server = GrpcServer(sink, "127.0.0.1", stack_cfg.grpc_ports[3])
+    server = HealthServedGrpcServer("sink", "127.0.0.1", stack_cfg.grpc_ports[3], grpc_services(sink))
     server.start()
     try:
         with grpc.insecure_channel(f"127.0.0.1:{stack_cfg.grpc_ports[3]}") as channel:
