@@ -21,12 +21,13 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from pyspark.sql import SparkSession
 
 from infra.datagen import oracle_window_counts
-from services.processor.grpc_server import GrpcServer
+from services.processor.grpc_server import grpc_services
 from services.processor.jobs import JobManager
 from services.processor.metrics import JobMetricsListener
 from services.processor.savepoints import load as load_savepoint
 from services.processor.settings import ProcessorSettings
 from services.processor.versions import split_version
+from shared.grpc_server import HealthServedGrpcServer
 from shared.kafka import ensure_topics
 from shared.proto import streamforge_pb2 as pb
 from shared.proto import streamforge_pb2_grpc as pb_grpc
@@ -76,9 +77,8 @@ def processor(
     listener = JobMetricsListener(setup_tracing("processor", settings, exporter=SPANS))
     spark.streams.addListener(listener)
     manager = JobManager(spark, settings, listener)
-    server = GrpcServer(manager, "127.0.0.1", 0)
+    server = HealthServedGrpcServer("processor", "127.0.0.1", 0, grpc_services(manager))
     server.start()
-    server.set_serving(True)
     channel = grpc.insecure_channel(server.address)
     try:
         yield manager, pb_grpc.JobCommandsStub(channel), channel
