@@ -30,6 +30,12 @@ from infra.paths import CACHE_DIR, INFRA_DIR
 # kafka_2.13:4.4.0 cannot be resolved; 4.3.1 is the newest release that resolves fully.
 KAFKA_VERSION = "4.3.1"
 
+# Spark's Kafka connector (spark-sql-kafka-0-10_2.13) runs on the installed pyspark (4.3.0): its 4.3.0
+# build is not on the Maven Central reachable here, and the 4.2.0 one works on pyspark 4.3.0 -- Kafka
+# source and sink, RocksDB state, windowed real-time mode: tests/integration/test_spark_kafka_pair.py
+# proves it on every `make test`. Both must share Spark's major version (4) and Scala's (2.13).
+SPARK_KAFKA_VERSION = "4.2.0"
+
 # spark-sql-kafka-0-10 depends on spark-token-provider-kafka-0-10 of the same version, but the Central
 # we can reach has no token-provider jar for 4.1.x/4.2.x. When the exact version is missing we fall back
 # to these (tried in order). Checked for 4.2.0: the classes/methods spark-sql-kafka 4.2.0 calls in it are
@@ -258,13 +264,19 @@ def fetch_kafka(
 
 
 def fetch_spark_kafka(
-    cache_dir: Path = CACHE_DIR, *, spark_version: str | None = None, log: Log = _stderr_log
+    cache_dir: Path = CACHE_DIR, *, spark_version: str = SPARK_KAFKA_VERSION, log: Log = _stderr_log
 ) -> Resolved:
-    """spark-sql-kafka-0-10 for the installed pyspark (+ runtime deps), fetched if not cached.
+    """spark-sql-kafka-0-10 ``spark_version`` (+ runtime deps), fetched if not cached.
 
     Returns every resolved jar; use spark_kafka_jars() for the list to put on spark.jars.
     """
-    version = spark_version or pyspark_version()
+    version = spark_version
+    installed = pyspark_version()
+    if installed.split(".")[0] != version.split(".")[0]:
+        raise InfraError(
+            f"pyspark {installed} cannot run the Spark-Kafka connector {version}: their major versions "
+            "differ (see SPARK_KAFKA_VERSION in infra/fetch.py)"
+        )
     requested = {"spark.version": version}
     attempts = [
         {"spark.version": version, "spark.token.provider.version": v}

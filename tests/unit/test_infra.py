@@ -115,16 +115,21 @@ def test_fetch_refetches_when_a_jar_disappears(tmp_path: Path, monkeypatch: pyte
 def test_spark_kafka_falls_back_to_an_older_token_provider(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    fake = FakeMaven(missing_token_versions=("9.9.9",))
+    fake = FakeMaven(missing_token_versions=("4.9.9",))
     monkeypatch.setattr(fetch, "_run_maven", fake)
     messages: list[str] = []
-    res = fetch.fetch_spark_kafka(tmp_path, spark_version="9.9.9", log=messages.append)
+    res = fetch.fetch_spark_kafka(tmp_path, spark_version="4.9.9", log=messages.append)
     assert [c["spark.token.provider.version"] for c in fake.calls] == [
-        "9.9.9",
+        "4.9.9",
         fetch.TOKEN_PROVIDER_FALLBACKS[0],
     ]
     assert res.versions["spark.token.provider.version"] == fetch.TOKEN_PROVIDER_FALLBACKS[0]
     assert any("warning" in m for m in messages)
+
+
+def test_spark_kafka_of_another_major_version_than_pyspark_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(InfraError, match="major versions differ"):
+        fetch.fetch_spark_kafka(tmp_path, spark_version="3.5.1")
 
 
 def test_maven_failure_is_an_infra_error_with_the_output_tail(
