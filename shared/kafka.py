@@ -51,6 +51,24 @@ def consumer_config(bootstrap: str, group_id: str, **extra: object) -> dict[str,
     }
 
 
+def consume_batch(consumer: Consumer, max_records: int, max_wait_s: float, linger_s: float) -> list[Message]:
+    """Up to ``max_records`` records: what is already fetched, else the first to arrive within
+    ``max_wait_s``; then whatever else arrives within ``linger_s``.
+
+    A plain ``consume(max_records, timeout)`` waits the whole timeout unless the batch fills, so at low
+    rates every record waited the full timeout; this way a lone record waits at most ``linger_s``, and
+    under load batches still fill at once.
+    """
+    batch = consumer.consume(num_messages=max_records, timeout=0)
+    if not batch:
+        batch = consumer.consume(num_messages=1, timeout=max_wait_s)
+        if not batch:
+            return batch
+    if len(batch) < max_records and linger_s > 0:
+        batch += consumer.consume(num_messages=max_records - len(batch), timeout=linger_s)
+    return batch
+
+
 def check_metadata(bootstrap: str, timeout_s: float = 3.0) -> bool:
     """True when the cluster answers a metadata request: what /readyz means by 'Kafka is up'."""
     try:

@@ -38,6 +38,7 @@ from shared import constants
 from shared.jobspec import JobSpec
 from shared.kafka import (
     close_consumer,
+    consume_batch,
     consumer_config,
     coordinates,
     dead_letter_headers,
@@ -238,8 +239,11 @@ class Sink:
         wait_s = s.batch_max_wait_ms / 1000
         if self._paused:
             wait_s = min(wait_s, max(0.0, self._retry_at - self._clock()))
+        elif self.cache or self._evicted:  # an idle wait must not hold back the next flush
+            due_s = self._last_commit + s.commit_interval_ms / 1000 - self._clock()
+            wait_s = min(wait_s, max(0.0, due_s))
         # While paused this returns nothing but keeps the group membership (max.poll.interval.ms).
-        msgs = consumer.consume(num_messages=s.batch_max_records, timeout=wait_s)
+        msgs = consume_batch(consumer, s.batch_max_records, wait_s, s.batch_linger_ms / 1000)
         records = [msg for msg in msgs if is_record(msg)]
         started = time.perf_counter()
         jobs = self._absorb(records)

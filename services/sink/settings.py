@@ -15,12 +15,18 @@ class SinkSettings(BaseServiceSettings):
     group_id: str = "sf-sink"
     # A replica that dies without leaving the group (SIGKILL) keeps its partitions this long.
     session_timeout_ms: int = Field(10_000, ge=1_000)
+    # The sink's share of the latency budget (README: "Latency budget"): a batch is what was already
+    # fetched, else the first update within batch_max_wait_ms, plus what arrives within
+    # batch_linger_ms; it never waits past the next due flush.
     batch_max_records: int = Field(2_000, ge=1)
     batch_max_wait_ms: int = Field(200, ge=1)
+    batch_linger_ms: int = Field(5, ge=0)
     # KIP-63 record cache. Every commit_interval_ms the whole cache is written to Redis and then the
     # offsets are committed; in between, cache_max_bytes_buffering (0: no cache, every update is
     # written) bounds the dirty entries, and the least recently updated ones are written to make room.
-    commit_interval_ms: int = Field(1_000, ge=1)
+    # 100 ms: an update is in Redis at most ~100 ms after it was read, and the cache still folds the
+    # updates of a window that a micro-batch or a real-time stream sends within that time.
+    commit_interval_ms: int = Field(100, ge=1)
     cache_max_bytes_buffering: int = Field(32 * 1024 * 1024, ge=0)
     # Retention (0: forever). A window hash expires this long after its last update; a key's window
     # index drops windows starting this much (event time) before the window being written; the index

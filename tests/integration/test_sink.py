@@ -185,6 +185,23 @@ def test_store_keeps_the_highest_version_through_duplicates_replays_and_reorderi
     assert redis_client.zrange(constants.redis_window_index_key(unique, "a"), 0, -1) == [b"0", b"1000"]
 
 
+def test_a_write_larger_than_a_pipeline_chunk_reports_each_update_at_its_place(
+    redis_client: redis.Redis, unique: str
+) -> None:
+    store = ResultStore(redis_client, chunk=4)
+    store.upsert([update(unique, "a", start, 5, 1) for start in range(0, 3_000, 1_000)])
+    redis_client.set(constants.redis_window_key(unique, "b", 0), "not a hash")
+    # 10 updates in 3 chunks: the held windows' older versions are stale, b@0 is refused, the rest apply.
+    writes = [update(unique, "a", start, 4, 2) for start in range(0, 3_000, 1_000)]
+    writes += [update(unique, "c", s, 1, 4) for s in range(0, 2_000, 1_000)] + [update(unique, "b", 0, 1, 3)]
+    writes += [update(unique, "c", s, 1, 4) for s in range(2_000, 6_000, 1_000)]
+    outcome = store.write(writes)
+    assert outcome.stale == [0, 1, 2]
+    assert [i for i, _ in outcome.rejected] == [5]  # the second chunk's second update
+    assert outcome.applied == 6
+    assert len(redis_client.zrange(constants.redis_window_index_key(unique, "c"), 0, -1)) == 6
+
+
 def test_retention_expires_windows_and_trims_the_index(redis_client: redis.Redis, unique: str) -> None:
     ttl = 60_000
     store = ResultStore(redis_client, window_ttl_ms=ttl)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from confluent_kafka import Consumer
 
-from shared.kafka import close_consumer
+from shared.kafka import close_consumer, consume_batch
 
 
 def test_close_consumer_returns_true_when_close_returns() -> None:
@@ -20,3 +20,37 @@ def test_close_consumer_gives_up_on_a_close_that_hangs() -> None:
             threading.Event().wait(60)
 
     assert close_consumer(Hanging(), timeout_s=0.2) is False  # type: ignore[arg-type]
+
+
+class _FakeConsumer:
+    """consume() as librdkafka's: up to n of the fetched records, else what arrives before the timeout."""
+
+    def __init__(self, fetched: int, arriving: int) -> None:
+        self.fetched, self.arriving = fetched, arriving
+        self.calls: list[tuple[int, float]] = []
+
+    def consume(self, num_messages: int, timeout: float) -> list[str]:
+        self.calls.append((num_messages, timeout))
+        if self.fetched == 0 and timeout > 0:
+            self.fetched, self.arriving = self.arriving, 0
+        n = min(num_messages, self.fetched)
+        self.fetched -= n
+        return ["record"] * n
+
+
+def test_consume_batch_takes_what_is_fetched_without_waiting_the_timeout() -> None:
+    full = _FakeConsumer(fetched=10, arriving=0)
+    assert len(consume_batch(full, 10, max_wait_s=0.2, linger_s=0.005)) == 10  # type: ignore[arg-type]
+    assert full.calls == [(10, 0)]
+    some = _FakeConsumer(fetched=3, arriving=4)
+    assert len(consume_batch(some, 10, max_wait_s=0.2, linger_s=0.005)) == 7  # type: ignore[arg-type]
+    assert some.calls == [(10, 0), (7, 0.005)]  # lingers briefly for more, never the full wait
+
+
+def test_consume_batch_waits_for_the_first_record_then_only_lingers() -> None:
+    idle = _FakeConsumer(fetched=0, arriving=0)
+    assert consume_batch(idle, 10, max_wait_s=0.2, linger_s=0.005) == []  # type: ignore[arg-type]
+    assert idle.calls == [(10, 0), (1, 0.2)]
+    lone = _FakeConsumer(fetched=0, arriving=1)
+    assert len(consume_batch(lone, 10, max_wait_s=0.2, linger_s=0.005)) == 1  # type: ignore[arg-type]
+    assert lone.calls == [(10, 0), (1, 0.2), (9, 0.005)]
