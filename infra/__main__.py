@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from infra import apt, fetch, procs
+from infra import apt, fetch, pki, procs
 from infra.errors import InfraError
 from infra.kafka_broker import KafkaBroker
 from infra.paths import CACHE_DIR, RUN_DIR
@@ -133,6 +133,15 @@ def _status_table(args: argparse.Namespace, run_dir: Path) -> Table:
     return table
 
 
+def cmd_pki(args: argparse.Namespace) -> None:
+    """The project CA and the services' certificates for mutual TLS on gRPC (infra/pki.py)."""
+    t0 = time.monotonic()
+    directory = (args.dir or args.run_dir / "pki").resolve()
+    issued = pki.rotate(directory) if args.rotate else pki.ensure_pki(directory)
+    what = f"issued {', '.join(issued)}" if issued else "every certificate is valid"
+    _done(f"PKI in {directory}: {what} (services read it from SF_TLS_DIR)", t0)
+
+
 def cmd_smoke(args: argparse.Namespace) -> None:
     from infra import smoke
 
@@ -162,6 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
         "down", help="stop every process with a pid file (services, then Zipkin, Redis, Kafka)"
     )
     down.add_argument("--all", action="store_true", help="also every run dir below --run-dir (demo, test)")
+    pki_cmd = sub.add_parser("pki", help="make the CA and service certificates for gRPC mutual TLS")
+    pki_cmd.add_argument("--dir", type=Path, default=None, help="where (default: <run-dir>/pki)")
+    pki_cmd.add_argument("--rotate", action="store_true", help="new service certificates from the same CA")
     sub.add_parser("status", help="table of processes, ports, memory (of the run dirs below too)")
     smoke = sub.add_parser("smoke", help="produce/consume (plain + transactional) and Redis checks")
     smoke.add_argument("--spark", action="store_true", help="also read the topic with Spark's Kafka source")
@@ -174,6 +186,7 @@ COMMANDS = {
     "up": cmd_up,
     "down": cmd_down,
     "status": cmd_status,
+    "pki": cmd_pki,
     "smoke": cmd_smoke,
 }
 

@@ -18,6 +18,7 @@ from infra.errors import InfraError
 from infra.fetch import spark_kafka_jars
 from infra.kafka_broker import KafkaBroker
 from infra.paths import ROOT, RUN_DIR
+from infra.pki import ensure_pki
 from infra.redis_server import RedisServer
 from infra.zipkin import SPANS_PATH as ZIPKIN_SPANS_PATH
 from infra.zipkin import ZipkinServer
@@ -64,6 +65,11 @@ class StackConfig:
         return self.run_dir / "data"
 
     @property
+    def pki_dir(self) -> Path:
+        """The stack's CA and service certificates for mutual TLS on gRPC (infra/pki.py)."""
+        return self.run_dir / "pki"
+
+    @property
     def zipkin_url(self) -> str:
         return f"http://127.0.0.1:{self.zipkin_port}"
 
@@ -108,6 +114,7 @@ def service_env(cfg: StackConfig) -> dict[str, str]:
         "SF_KAFKA_BOOTSTRAP": cfg.bootstrap,
         "SF_REDIS_URL": cfg.redis_url,
         "SF_DATA_DIR": str(cfg.data_dir.resolve()),
+        "SF_TLS_DIR": str(cfg.pki_dir.resolve()),
         "SF_INGEST_JOB_SPECS": specs,
         "SF_INGEST_METRICS_PORT": str(ingest_port),
         "SF_PROCESSOR_JOB_SPECS": specs,
@@ -147,6 +154,7 @@ def start_service(cfg: StackConfig, name: str, extra_env: dict[str, str] | None 
     if name not in SERVICES:
         raise InfraError(f"unknown service {name!r}; the services are {', '.join(SERVICES)}")
     env = {**service_env(cfg), **(extra_env or {})}
+    ensure_pki(cfg.pki_dir)  # certificates that are missing or about to expire; the rest stay
     return procs.start_process(
         name, [sys.executable, "-m", f"services.{name}"], cfg.run_dir, env=env, cwd=ROOT
     )

@@ -28,7 +28,8 @@ class GrpcServices:
 class HealthServedGrpcServer:
     """Binds at construction (so a taken port fails start-up with ``error``), serves on start().
 
-    Port 0 picks a free port (``port`` says which).
+    Port 0 picks a free port (``port`` says which). With ``credentials`` (shared.tls: mutual TLS) it
+    serves only callers with a certificate of the project CA; without, plaintext.
     """
 
     def __init__(
@@ -41,6 +42,7 @@ class HealthServedGrpcServer:
         error: type[Exception] = StreamForgeError,
         interceptors: Sequence[Any] = (),
         workers: int = 4,
+        credentials: grpc.ServerCredentials | None = None,
     ) -> None:
         self.host = host
         self.service_names = ("", *services.names)  # "" is the server as a whole
@@ -52,7 +54,11 @@ class HealthServedGrpcServer:
         services.add(self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         try:
-            bound = self.server.add_insecure_port(f"{host}:{port}")
+            address = f"{host}:{port}"
+            if credentials is not None:
+                bound = self.server.add_secure_port(address, credentials)
+            else:  # plaintext: tests of one service, and SF_GRPC_INSECURE=true
+                bound = self.server.add_insecure_port(address)
         except RuntimeError as e:
             raise error(f"cannot serve gRPC on {host}:{port}: {e}") from e
         if bound == 0:

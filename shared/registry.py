@@ -36,6 +36,7 @@ from shared.metrics import RECORDS_PROCESSED
 from shared.proto import streamforge_pb2 as pb
 from shared.proto import streamforge_pb2_grpc as pb_grpc
 from shared.settings import BaseServiceSettings
+from shared.tls import TlsIdentity, open_channel
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +145,7 @@ class Registration:
         jobs: JobsProvider | None = None,
         timeout_s: float = 3.0,
         max_backoff_s: float = 5.0,
+        tls: TlsIdentity | None = None,
     ) -> None:
         self.target = target
         self.service = service
@@ -156,6 +158,7 @@ class Registration:
             version=_version(),
         )
         self.jobs = jobs
+        self.tls = tls
         self.timeout_s = timeout_s
         self.max_backoff_s = max_backoff_s
         self.interval_s = 1.0  # until control says otherwise
@@ -177,7 +180,7 @@ class Registration:
     def start(self) -> Registration:
         if not self.enabled or self._thread is not None:
             return self
-        self._channel = grpc.insecure_channel(self.target)
+        self._channel = open_channel(self.target, self.tls, expected="control")
         self._thread = threading.Thread(target=self._run, name=f"registry-{self.service}", daemon=True)
         self._thread.start()
         return self
@@ -260,6 +263,7 @@ def start_registration(
     metrics_port: int = 0,
     jobs: JobsProvider | None = None,
     instance_id: str | None = None,
+    tls: TlsIdentity | None = None,
 ) -> Registration:
     """Register this instance with control (``settings.control_grpc_target``) and keep it registered.
 
@@ -272,6 +276,7 @@ def start_registration(
         metrics_port=metrics_port,
         instance_id=instance_id,
         jobs=jobs,
+        tls=tls,
     )
     if not registration.enabled:
         log.info("SF_CONTROL_GRPC_TARGET is not set: %s does not register with control", service)

@@ -1,9 +1,10 @@
 """One start-up and shutdown shape for every service: ``python -m services.<name>`` → ``run_service``.
 
 In order: settings (a bad value stops start-up with exit status 2, naming the setting) → logging →
-tracing → the service itself (``build``) → signals → ``start()`` → gRPC with grpc.health.v1 →
-Prometheus /metrics → registration with control → ``run()`` until SIGTERM → teardown in the reverse
-order (deregister, metrics, gRPC, ``close()``) → the last spans flushed.
+tracing → TLS identity (shared/tls.py) → the service itself (``build``) → signals → ``start()`` →
+gRPC with grpc.health.v1 (mutual TLS, callers authorized per service) → Prometheus /metrics →
+registration with control → ``run()`` until SIGTERM → teardown in the reverse order (deregister,
+metrics, gRPC, ``close()``) → the last spans flushed.
 
 Exit status: 0 after SIGTERM/SIGINT; 2 when settings or a spec are bad; otherwise the ``exit_code`` of
 the StreamForgeError that stopped the service (1 unless the error says otherwise, e.g. ingest's
@@ -11,7 +12,7 @@ fenced producer: 3, so a supervisor knows to restart it).
 
 A service's ``__main__.py`` builds its object and says which endpoints it has:
 
-    def build(settings: SinkSettings, tracer: Tracer) -> Wiring:
+    def build(settings: SinkSettings, tracer: Tracer, tls: TlsIdentity | None) -> Wiring:
         sink = Sink(settings, tracer=tracer)
         return Wiring(sink, grpc=GrpcEndpoint(host, port, grpc_services(sink)), metrics_port=...)
 
@@ -37,6 +38,7 @@ from shared.logs import configure_logging
 from shared.metrics import serve_metrics
 from shared.registry import JobsProvider, start_registration
 from shared.settings import BaseServiceSettings
+from shared.tls import TlsIdentity, authorizing_interceptor, service_tls
 from shared.tracing import grpc_server_interceptor, setup_tracing, shutdown_tracing
 
 S = TypeVar("S", bound=BaseServiceSettings)
@@ -76,7 +78,7 @@ class Wiring:
 def run_service(
     name: str,
     settings_type: type[S],
-    build: Callable[[S, Tracer], Wiring],
+    build: Callable[[S, Tracer, TlsIdentity | None], Wiring],
 ) -> int:
     try:
         settings = settings_type()
@@ -87,7 +89,10 @@ def run_service(
     tracer = setup_tracing(name, settings, instance_id=getattr(settings, "instance_id", None))
     try:
         try:
-            wiring = build(settings, tracer)
+            tls = service_tls(settings, name)
+            if tls is None:
+                log.warning("SF_GRPC_INSECURE=true: gRPC runs in plaintext, any local process may call it")
+            wiring = build(settings, tracer, tls)
         except StreamForgeError as e:  # a bad spec or setting: say what to fix, do not start
             log.error("%s", e)
             return 2
@@ -96,7 +101,7 @@ def run_service(
         signal.signal(signal.SIGINT, lambda *_: service.stop())
         try:
             with ExitStack() as teardown:
-                _start(wiring, settings, tracer, name, teardown)
+                _start(wiring, settings, tracer, tls, name, teardown)
                 service.run()
         except StreamForgeError as e:
             log.error("%s", e)
@@ -108,7 +113,12 @@ def run_service(
 
 
 def _start(
-    wiring: Wiring, settings: BaseServiceSettings, tracer: Tracer, name: str, teardown: ExitStack
+    wiring: Wiring,
+    settings: BaseServiceSettings,
+    tracer: Tracer,
+    tls: TlsIdentity | None,
+    name: str,
+    teardown: ExitStack,
 ) -> None:
     """Start the service and its endpoints; ``teardown`` stops them in the reverse order."""
     service = wiring.service
@@ -123,8 +133,10 @@ def _start(
             endpoint.host,
             endpoint.port,
             services,
-            interceptors=[grpc_server_interceptor(tracer)],
+            # Who may call what first (mutual TLS names the caller), then the call's span.
+            interceptors=[*([authorizing_interceptor()] if tls else []), grpc_server_interceptor(tracer)],
             workers=endpoint.workers,
+            credentials=tls.server_credentials() if tls else None,
         )
         teardown.callback(server.stop)
         server.start()
@@ -133,6 +145,6 @@ def _start(
         teardown.callback(serve_metrics(wiring.metrics_port))
     if server is not None:
         registration = start_registration(
-            settings, name, grpc_port=server.port, metrics_port=wiring.metrics_port, jobs=wiring.jobs
+            settings, name, grpc_port=server.port, metrics_port=wiring.metrics_port, jobs=wiring.jobs, tls=tls
         )
         teardown.callback(registration.stop)

@@ -32,6 +32,11 @@ class BaseServiceSettings(BaseSettings):
     topic_partitions: int = Field(2, ge=1, validation_alias=_shared("topic_partitions"))
     # Where control's gRPC Registry listens; services register and heartbeat there (empty: don't).
     control_grpc_target: str = Field("", validation_alias=_shared("control_grpc_target"))
+    # Mutual TLS of every gRPC call (shared/tls.py): the directory with ca.crt and this service's
+    # <service>.crt/.key (infra/pki.py makes them). Without it a service refuses to start, unless
+    # grpc_insecure says plaintext is meant (experiments on one machine only).
+    tls_dir: str = Field("", validation_alias=_shared("tls_dir"))
+    grpc_insecure: bool = Field(False, validation_alias=_shared("grpc_insecure"))
     # Tracing (shared.tracing): where spans go and which share of new traces is kept. The service
     # name is the caller's. "none" turns exporting off; "console" prints spans (debugging only).
     tracing_exporter: TracingExporter = Field("none", validation_alias=_shared("tracing_exporter"))

@@ -16,6 +16,7 @@ from opentelemetry.trace import Tracer
 from services.control.api import create_app
 from services.control.settings import ControlSettings
 from shared.service import Wiring, run_service
+from shared.tls import TlsIdentity
 
 log = logging.getLogger("control")
 
@@ -23,8 +24,8 @@ log = logging.getLogger("control")
 class ControlService:
     """uvicorn serving the API; it drains in-flight requests on stop, then the lifespan stops the plane."""
 
-    def __init__(self, settings: ControlSettings, tracer: Tracer) -> None:
-        app = create_app(settings, tracer=tracer)
+    def __init__(self, settings: ControlSettings, tracer: Tracer, tls: TlsIdentity | None) -> None:
+        app = create_app(settings, tracer=tracer, tls=tls)
         config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning")
         self.server = uvicorn.Server(config)
 
@@ -41,14 +42,14 @@ class ControlService:
         """Nothing after run(): the lifespan stopped the control plane."""
 
 
-def build(settings: ControlSettings, tracer: Tracer) -> Wiring:
+def build(settings: ControlSettings, tracer: Tracer, tls: TlsIdentity | None) -> Wiring:
     if settings.auth_disabled:
         log.warning(
             "SF_CONTROL_AUTH_DISABLED=true: anyone who reaches port %d can change jobs", settings.port
         )
     elif not settings.tokens:
         log.warning("no SF_CONTROL_TOKENS: reads are open and every change is refused (401)")
-    return Wiring(ControlService(settings, tracer))
+    return Wiring(ControlService(settings, tracer, tls))
 
 
 def main() -> int:

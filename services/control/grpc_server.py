@@ -1,22 +1,37 @@
-"""Control's gRPC server: the Registry every instance registers and heartbeats to, and grpc.health.v1."""
+"""Control's gRPC server: the Registry every instance registers and heartbeats to, and grpc.health.v1.
+
+With mutual TLS (shared/tls.py) an instance registers only as the service its certificate names, from
+the address it connects from: control calls it back, and scrapes its metrics, there and nowhere else.
+Heartbeats and deregistrations are accepted only from the service that registered the instance.
+"""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from services.control.errors import ControlError, StoreUnavailable
 from services.control.manager import JobManager
+from shared.grpc_server import GrpcServices, HealthServedGrpcServer
 from shared.proto import streamforge_pb2 as pb
 from shared.proto import streamforge_pb2_grpc as pb_grpc
+from shared.tls import REGISTRY_SERVICE, TlsIdentity, authorizing_interceptor, caller_identity
 
 log = logging.getLogger(__name__)
-REGISTRY_SERVICE = "streamforge.v1.Registry"
+
+
+def peer_host(context: grpc.ServicerContext) -> str | None:
+    """The caller's IP address ("ipv4:127.0.0.1:5123" -> "127.0.0.1"; "ipv6:[::1]:5123" -> "::1")."""
+    peer = context.peer() or ""
+    kind, _, rest = peer.partition(":")
+    if kind == "ipv4":
+        return rest.rpartition(":")[0] or None
+    if kind == "ipv6":
+        return rest.rpartition(":")[0].strip("[]") or None
+    return None
 
 
 class RegistryServicer(pb_grpc.RegistryServicer):
@@ -24,8 +39,19 @@ class RegistryServicer(pb_grpc.RegistryServicer):
         self.manager = manager
 
     def Register(self, request: pb.RegisterRequest, context: grpc.ServicerContext) -> pb.RegisterResponse:
+        instance = request.instance
+        who = caller_identity(context)
+        if who is not None:  # mutual TLS: the certificate says what the caller is, the socket where
+            if instance.service != who:
+                context.abort(
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    f"a {who} certificate cannot register a {instance.service or 'nameless'} instance",
+                )
+            instance = pb.ServiceInstance()
+            instance.CopyFrom(request.instance)
+            instance.host = peer_host(context) or instance.host
         try:
-            interval_ms = self.manager.register(request.instance)
+            interval_ms = self.manager.register(instance)
         except StoreUnavailable as e:
             context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
         except ControlError as e:
@@ -33,6 +59,7 @@ class RegistryServicer(pb_grpc.RegistryServicer):
         return pb.RegisterResponse(heartbeat_interval_ms=interval_ms)
 
     def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.ServicerContext) -> pb.HeartbeatResponse:
+        self._check_owner(request.instance_id, context)
         try:
             known = self.manager.heartbeat(request)
         except StoreUnavailable as e:
@@ -42,39 +69,64 @@ class RegistryServicer(pb_grpc.RegistryServicer):
     def Deregister(
         self, request: pb.DeregisterRequest, context: grpc.ServicerContext
     ) -> pb.DeregisterResponse:
+        self._check_owner(request.instance_id, context)
         try:
             self.manager.deregister(request.instance_id)
         except StoreUnavailable as e:
             context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
         return pb.DeregisterResponse()
 
+    def _check_owner(self, instance_id: str, context: grpc.ServicerContext) -> None:
+        """Only the service that registered an instance speaks for it (a sink cannot end a processor)."""
+        who = caller_identity(context)
+        if who is None:
+            return
+        try:
+            record = self.manager.instances.get(instance_id)
+        except StoreUnavailable as e:
+            context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+        if record is not None and record.service != who:
+            context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"a {who} certificate cannot speak for {record.service} instance {instance_id}",
+            )
+
 
 class ControlGrpcServer:
     """Registry + health on host:port (port 0: any free port; ``port`` says which after start)."""
 
-    def __init__(self, manager: JobManager, host: str, port: int, interceptors: Sequence[Any] = ()) -> None:
-        self.server: Any = grpc.server(
-            ThreadPoolExecutor(max_workers=8, thread_name_prefix="control-grpc"),
-            interceptors=list(interceptors),
-        )
-        pb_grpc.add_RegistryServicer_to_server(RegistryServicer(manager), self.server)
-        self.health = health.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        self.address = f"{host}:{port}"
+    def __init__(
+        self,
+        manager: JobManager,
+        host: str,
+        port: int,
+        interceptors: Sequence[Any] = (),
+        tls: TlsIdentity | None = None,
+    ) -> None:
+        self.manager = manager
+        self.host = host
+        self.wanted_port = port
+        self.interceptors = [*([authorizing_interceptor()] if tls else []), *interceptors]
+        self.tls = tls
+        self.server: HealthServedGrpcServer | None = None
         self.port = 0
 
     def start(self) -> None:
-        try:
-            self.port = self.server.add_insecure_port(self.address)
-        except RuntimeError:  # grpcio raises instead of returning 0 when the address cannot be bound
-            self.port = 0
-        if self.port == 0:
-            raise ControlError(f"cannot listen for gRPC on {self.address}: is the port in use?")
+        servicer = RegistryServicer(self.manager)
+        self.server = HealthServedGrpcServer(
+            "control",
+            self.host,
+            self.wanted_port,
+            GrpcServices(lambda s: pb_grpc.add_RegistryServicer_to_server(servicer, s), [REGISTRY_SERVICE]),
+            error=ControlError,
+            interceptors=self.interceptors,
+            workers=8,
+            credentials=self.tls.server_credentials() if self.tls else None,
+        )
         self.server.start()
-        for service in ("", REGISTRY_SERVICE):
-            self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
-        log.info("gRPC Registry and health listening on port %d", self.port)
+        self.port = self.server.port
 
-    def stop(self, grace_s: float = 2.0) -> None:
-        self.health.enter_graceful_shutdown()
-        self.server.stop(grace_s).wait()
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None

@@ -19,13 +19,11 @@ import contextlib
 import contextvars
 import hashlib
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -44,6 +42,7 @@ from services.control.peers import TRANSIENT_CODES, Peers, code_of, describe
 from services.control.settings import ControlSettings
 from services.control.store import InstanceRecord, InstanceStore, JobRecord, JobStore
 from shared.jobspec import JobSpec, spec_to_json
+from shared.paths import refusal, under_roots
 from shared.proto import streamforge_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -311,13 +310,8 @@ class JobManager:
         if not path:
             return
         roots = self.settings.allowed_savepoint_roots()
-        normal = Path(os.path.normpath(path))
-        if not normal.is_absolute() or not any(normal == r or r in normal.parents for r in roots):
-            allowed = ", ".join(str(r) for r in roots)
-            raise PathRefused(
-                f"{what} {path!r} is not an absolute path under {allowed}; "
-                "use a savepoint path control returned, or allow its directory in SF_CONTROL_SAVEPOINT_ROOTS"
-            )
+        if not under_roots(path, roots):
+            raise PathRefused(refusal(what, path, roots, "SF_CONTROL_SAVEPOINT_ROOTS"))
 
     def submit(
         self, spec: JobSpec, from_savepoint: str = "", wait_s: float = 0.0, *, trusted_savepoint: bool = False

@@ -10,6 +10,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from shared.proto import streamforge_pb2_grpc as pb_grpc
+from shared.tls import TlsIdentity, open_channel
 
 # Statuses after which the same call may well succeed later (or elsewhere): retry, do not give up.
 TRANSIENT_CODES = frozenset(
@@ -38,23 +39,25 @@ def code_of(error: grpc.RpcError) -> grpc.StatusCode:
 
 
 class Peers:
-    def __init__(self, interceptors: Sequence[Any] = ()) -> None:
-        self._channels: dict[str, grpc.Channel] = {}
-        self._lock = threading.Lock()
-        self._interceptors = list(interceptors)  # e.g. tracing: the caller's trace goes along
+    """Channels with control's TLS identity (None: plaintext); job commands go only to a server whose
+    certificate names it a processor."""
 
-    def channel(self, target: str) -> grpc.Channel:
+    def __init__(self, interceptors: Sequence[Any] = (), tls: TlsIdentity | None = None) -> None:
+        self._channels: dict[tuple[str, str | None], grpc.Channel] = {}
+        self._lock = threading.Lock()
+        self._interceptors = tuple(interceptors)  # e.g. tracing: the caller's trace goes along
+        self._tls = tls
+
+    def channel(self, target: str, expected: str | None = None) -> grpc.Channel:
         with self._lock:
-            ch = self._channels.get(target)
+            ch = self._channels.get((target, expected))
             if ch is None:
-                ch = grpc.insecure_channel(target)
-                if self._interceptors:
-                    ch = grpc.intercept_channel(ch, *self._interceptors)
-                self._channels[target] = ch
+                ch = open_channel(target, self._tls, expected, self._interceptors)
+                self._channels[(target, expected)] = ch
             return ch
 
     def job_commands(self, target: str) -> pb_grpc.JobCommandsStub:
-        return pb_grpc.JobCommandsStub(self.channel(target))
+        return pb_grpc.JobCommandsStub(self.channel(target, expected="processor"))
 
     def stream_config(self, target: str) -> pb_grpc.StreamConfigStub:
         return pb_grpc.StreamConfigStub(self.channel(target))
@@ -71,8 +74,8 @@ class Peers:
 
     def forget(self, target: str) -> None:
         with self._lock:
-            ch = self._channels.pop(target, None)
-        if ch is not None:
+            gone = [self._channels.pop(k) for k in list(self._channels) if k[0] == target]
+        for ch in gone:
             ch.close()
 
     def close(self) -> None:

@@ -17,6 +17,7 @@ from services.control.manager import Clock, JobManager, wall_clock_ms
 from services.control.peers import Peers
 from services.control.settings import ControlSettings
 from services.control.store import InstanceStore, JobStore
+from shared.tls import TlsIdentity
 from shared.tracing import grpc_client_interceptor, grpc_server_interceptor
 
 log = logging.getLogger(__name__)
@@ -24,7 +25,11 @@ log = logging.getLogger(__name__)
 
 class ControlPlane:
     def __init__(
-        self, settings: ControlSettings, clock: Clock = wall_clock_ms, tracer: trace.Tracer | None = None
+        self,
+        settings: ControlSettings,
+        clock: Clock = wall_clock_ms,
+        tracer: trace.Tracer | None = None,
+        tls: TlsIdentity | None = None,
     ) -> None:
         self.settings = settings
         self.redis = redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
@@ -34,9 +39,10 @@ class ControlPlane:
         # calls are spans of the instances' traces.
         client = [grpc_client_interceptor(tracer)] if tracer is not None else []
         server = [grpc_server_interceptor(tracer)] if tracer is not None else []
-        self.peers = Peers(client)
+        # With a TLS identity (shared/tls.py) every gRPC call both ways is mutually authenticated.
+        self.peers = Peers(client, tls)
         self.manager = JobManager(settings, self.jobs, self.instances, self.peers, clock=clock)
-        self.grpc = ControlGrpcServer(self.manager, settings.grpc_host, settings.grpc_port, server)
+        self.grpc = ControlGrpcServer(self.manager, settings.grpc_host, settings.grpc_port, server, tls)
         self.started = False
         self._users = 0  # an app's lifespan may run more than once at a time (test clients)
         self._lock = threading.Lock()

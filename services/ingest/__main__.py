@@ -17,6 +17,7 @@ from services.ingest.grpc_server import grpc_services
 from services.ingest.settings import IngestSettings
 from services.ingest.streams import load_configured_streams
 from shared.service import GrpcEndpoint, Wiring, run_service
+from shared.tls import TlsIdentity
 
 if TYPE_CHECKING:
     from services.ingest.http import HttpIngest, HttpServer
@@ -60,7 +61,7 @@ class IngestService:
         self.ingest.close()
 
 
-def build(settings: IngestSettings, tracer: Tracer) -> Wiring:
+def build(settings: IngestSettings, tracer: Tracer, _tls: TlsIdentity | None) -> Wiring:
     streams = load_configured_streams(settings.job_specs, settings.streams_file)
     ingest = Ingest(settings, streams, tracer=tracer)
     # Control pushes the streams of its jobs to the gRPC address this instance registers.

@@ -16,9 +16,10 @@ from services.processor.errors import ProcessorError
 from services.processor.settings import ProcessorSettings
 from shared.jobspec import load_job_spec
 from shared.service import GrpcEndpoint, Wiring, run_service
+from shared.tls import TlsIdentity
 
 
-def build(settings: ProcessorSettings, tracer: Tracer) -> Wiring:
+def build(settings: ProcessorSettings, tracer: Tracer, _tls: TlsIdentity | None) -> Wiring:
     if not settings.spark_jars:
         raise ProcessorError(
             "SF_PROCESSOR_SPARK_JARS names no jar: give the Spark-Kafka connector's jars "

@@ -19,3 +19,7 @@ class JobStateError(ProcessorError):
 
 class SavepointError(ProcessorError):
     """A savepoint cannot be taken or read (missing, incomplete, or for another source)."""
+
+
+class PathRefusedError(ProcessorError):
+    """A command named a savepoint path outside the allowed roots (SF_PROCESSOR_SAVEPOINT_ROOTS)."""

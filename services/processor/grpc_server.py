@@ -15,7 +15,13 @@ import grpc
 import orjson
 
 from services.processor import savepoints
-from services.processor.errors import JobNotFoundError, JobStateError, ProcessorError, SavepointError
+from services.processor.errors import (
+    JobNotFoundError,
+    JobStateError,
+    PathRefusedError,
+    ProcessorError,
+    SavepointError,
+)
 from services.processor.jobs import JobManager, JobState, JobView
 from shared.errors import SpecError
 from shared.grpc_server import GrpcServices
@@ -87,6 +93,8 @@ def _abort(context: grpc.ServicerContext, e: Exception) -> NoReturn:
         context.abort(code, str(e))
     if isinstance(e, SavepointError):
         context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+    if isinstance(e, PathRefusedError):
+        context.abort(grpc.StatusCode.PERMISSION_DENIED, str(e))
     log.exception("command failed")
     context.abort(grpc.StatusCode.INTERNAL, str(e))
     raise AssertionError("context.abort() raises")  # for the type checker
@@ -98,6 +106,7 @@ class JobCommandsService(pb_grpc.JobCommandsServicer):
 
     def StartJob(self, request: pb.StartJobRequest, context: grpc.ServicerContext) -> pb.JobStatus:
         try:
+            self.manager.check_savepoint_path(request.from_savepoint, "from_savepoint")
             spec = spec_of(request, lambda path: savepoints.load(path).spec)
             view = self.manager.start(spec, request.from_savepoint)
         except (SpecError, ProcessorError) as e:

@@ -28,7 +28,13 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from services.processor import savepoints
-from services.processor.errors import JobNotFoundError, JobStateError, ProcessorError, SavepointError
+from services.processor.errors import (
+    JobNotFoundError,
+    JobStateError,
+    PathRefusedError,
+    ProcessorError,
+    SavepointError,
+)
 from services.processor.metrics import JOB_RESTARTS, JobMetricsListener, JobTotals
 from services.processor.query import Plan, build_plan, start_query
 from services.processor.settings import ProcessorSettings
@@ -36,6 +42,7 @@ from services.processor.store import JobStore, StoredJob
 from shared.errors import SpecError
 from shared.jobspec import JobSpec
 from shared.kafka import ensure_topics
+from shared.paths import refusal, under_roots
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +158,12 @@ class JobManager:
                 setattr(job, name, value)
             self._jobs[job.spec.id] = job
 
+    def check_savepoint_path(self, path: str, what: str) -> None:
+        """A savepoint path a command names must lie under the allowed roots (links followed)."""
+        roots = self.settings.allowed_savepoint_roots()
+        if path and not under_roots(path, roots, resolve=True):
+            raise PathRefusedError(refusal(what, path, roots, "SF_PROCESSOR_SAVEPOINT_ROOTS"))
+
     # --- commands ---------------------------------------------------------------------------------
     def plan(self, spec: JobSpec) -> Plan:
         """Check a spec against Spark (expressions, types, real-time limits) and build its query plan."""
@@ -175,6 +188,7 @@ class JobManager:
                 current = self._jobs.get(spec.id)
             if current is not None and current.state in ACTIVE:
                 raise JobStateError(f"job {spec.id} is already {current.state}")
+            self.check_savepoint_path(from_savepoint, "from_savepoint")
             savepoint = savepoints.load(from_savepoint) if from_savepoint else None
             if savepoint is not None:
                 savepoints.check_compatible(savepoint, spec)
@@ -233,6 +247,8 @@ class JobManager:
                 job = self._jobs.get(job_id)
             if job is None:
                 raise JobNotFoundError(f"no job {job_id!r} on this processor")
+            if savepoint:
+                self.check_savepoint_path(savepoint_dir, "savepoint_dir")
             if job.state not in ACTIVE:
                 if savepoint:
                     raise JobStateError(f"job {job_id} is {job.state}: a savepoint needs a running job")

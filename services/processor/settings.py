@@ -43,9 +43,16 @@ class ProcessorSettings(BaseServiceSettings):
     def checkpoints_path(self) -> Path:
         return Path(self.checkpoint_dir or Path(self.data_dir) / "checkpoints").resolve()
 
+    # Where a command may read or write a savepoint (StopJob's savepoint_dir, StartJob's
+    # from_savepoint); default: savepoints_path. The processor checks it itself, whatever control did.
+    savepoint_roots: list[str] = Field(default_factory=list)
+
     @property
     def savepoints_path(self) -> Path:
         return Path(self.savepoint_dir or Path(self.data_dir) / "savepoints").resolve()
+
+    def allowed_savepoint_roots(self) -> list[Path]:
+        return [Path(r).resolve() for r in self.savepoint_roots] or [self.savepoints_path]
 
     @property
     def jobs_path(self) -> Path:

@@ -15,9 +15,10 @@ from services.sink.app import Sink
 from services.sink.grpc_server import grpc_services
 from services.sink.settings import SinkSettings
 from shared.service import GrpcEndpoint, Wiring, run_service
+from shared.tls import TlsIdentity
 
 
-def build(settings: SinkSettings, tracer: Tracer) -> Wiring:
+def build(settings: SinkSettings, tracer: Tracer, _tls: TlsIdentity | None) -> Wiring:
     sink = Sink(settings, tracer=tracer)
     grpc = GrpcEndpoint(settings.grpc_host, settings.grpc_port, grpc_services(sink), workers=2)
     return Wiring(sink, grpc=grpc if settings.grpc_port else None, metrics_port=settings.metrics_port)

@@ -71,6 +71,7 @@ def processor(
     settings = ProcessorSettings(
         kafka_bootstrap=kafka_bootstrap,
         data_dir=str(tmp_path / "data"),
+        savepoint_roots=[str(tmp_path)],  # a test names savepoint directories of its own
         grpc_port=0,
         job_restart_backoff_ms=100,
     )

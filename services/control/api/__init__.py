@@ -18,6 +18,7 @@ from services.control.errors import ControlError
 from services.control.plane import ControlPlane
 from services.control.settings import ControlSettings
 from shared.jobspec import JobSpec
+from shared.tls import TlsIdentity
 from shared.tracing import fastapi_telemetry
 
 DESCRIPTION = """\
@@ -30,11 +31,15 @@ scope, changes the `write` scope. Errors are 4xx with a `detail` that says what 
 
 
 def create_app(
-    settings: ControlSettings, plane: ControlPlane | None = None, tracer: trace.Tracer | None = None
+    settings: ControlSettings,
+    plane: ControlPlane | None = None,
+    tracer: trace.Tracer | None = None,
+    tls: TlsIdentity | None = None,
 ) -> FastAPI:
-    """The app. Without ``plane`` it builds one and runs it from startup to shutdown; a given plane is
-    the caller's to start and stop (tests). With ``tracer`` requests and gRPC commands are traced."""
-    control = plane or ControlPlane(settings, tracer=tracer)
+    """The app. Without ``plane`` it builds one (gRPC with ``tls``) and runs it from startup to
+    shutdown; a given plane is the caller's to start and stop (tests). With ``tracer`` requests and
+    gRPC commands are traced."""
+    control = plane or ControlPlane(settings, tracer=tracer, tls=tls)
     owned = plane is None
 
     @asynccontextmanager
