@@ -1,7 +1,14 @@
 """A private redis-server (Debian package) run as a detached process on 127.0.0.1.
 
-Layout under run_dir:  redis/ (AOF data), logs/redis.log (server log), logs/redis.out (stdout),
-pids/redis.pid.
+Layout under run_dir:  redis/ (AOF data), redis-auth/ (users.json: generated passwords, users.acl:
+the ACL file), logs/redis.log (server log), logs/redis.out (stdout), pids/redis.pid.
+
+Access control: every client authenticates as one of USERS, each allowed only the keys it needs
+(control: ``sf:*``, the job store and results; the sink: ``sf:job:*``, the results), without admin or
+dangerous commands; ``default`` (everything, with a password) is for operators, the demo and the
+tests. It must keep every permission: Redis 7.0 replays the AOF as the default user, and drops a
+MULTI/EXEC block the default user may not run (seen here: results lost on restart). Passwords are
+random per run dir; ``url(user)`` gives a client its URL.
 
 Installing Debian's package normally also starts the packaged system service on 6379, which would take
 the port from under us. ensure_installed() therefore installs through infra.apt (a temporary policy-rc.d
@@ -11,6 +18,9 @@ forbids service starts) and stops a service that started anyway. Our own server 
 
 from __future__ import annotations
 
+import json
+import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -24,6 +34,13 @@ from infra.paths import logs_dir
 
 NAME = "redis"
 DEBIAN_DEFAULT_PORT = 6379
+
+# user -> its ACL rules besides "on >password". Key patterns are the layout of shared/constants.py.
+USERS: dict[str, str] = {
+    "default": "~* &* +@all",
+    "control": "~sf:* resetchannels +@all -@admin -@dangerous",
+    "sink": "~sf:job:* resetchannels +@all -@admin -@dangerous +function|load",
+}
 
 Log = Callable[[str], None]
 
@@ -56,8 +73,36 @@ class RedisServer:
         self.log_path = logs_dir(run_dir) / "redis.out"
 
     @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+    def auth_dir(self) -> Path:
+        return self.run_dir / "redis-auth"
+
+    def passwords(self) -> dict[str, str]:
+        """Every user's password, generated on first use and kept (0600) for the run dir's life."""
+        path = self.auth_dir / "users.json"
+        try:
+            known = json.loads(path.read_text())
+        except (OSError, ValueError):
+            known = {}
+        if set(known) != set(USERS):
+            known = {user: known.get(user) or secrets.token_urlsafe(24) for user in USERS}
+            self.auth_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                json.dump(known, f)
+        return dict(known)
+
+    def url(self, user: str = "default") -> str:
+        """The URL a client of ``user`` connects with (credentials in it)."""
+        return f"redis://{user}:{self.passwords()[user]}@127.0.0.1:{self.port}/0"
+
+    def _write_acl(self) -> Path:
+        passwords = self.passwords()
+        lines = [f"user {u} reset on >{passwords[u]} {rules}" for u, rules in USERS.items()]
+        path = self.auth_dir / "users.acl"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        return path
 
     @property
     def pid(self) -> int | None:
@@ -76,6 +121,7 @@ class RedisServer:
             "--save", "",  # AOF only; no RDB snapshots
             "--logfile", str(self.server_log),
             "--loglevel", "notice",
+            "--aclfile", str(self.auth_dir / "users.acl"),
         ]  # fmt: skip
 
     def start(self, log: Log = _stderr_log) -> int:
@@ -94,6 +140,7 @@ class RedisServer:
         binary = self.ensure_installed(log)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.server_log.parent.mkdir(parents=True, exist_ok=True)
+        self._write_acl()
         return procs.start_process(
             NAME, self.argv(binary), self.run_dir, log_path=self.log_path, port=self.port
         )
@@ -105,9 +152,7 @@ class RedisServer:
     def is_healthy(self, timeout_s: float = 1.0) -> bool:
         import redis
 
-        client = redis.Redis(
-            host="127.0.0.1", port=self.port, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
-        )
+        client = redis.Redis.from_url(self.url(), socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
         try:
             return bool(client.ping())
         except redis.RedisError:

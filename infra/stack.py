@@ -54,7 +54,9 @@ class StackConfig:
 
     @property
     def redis_url(self) -> str:
-        return f"redis://127.0.0.1:{self.redis_port}/0"
+        """Redis as its default (all-powerful) user: operators, the demo, the tests; services get
+        users of their own."""
+        return redis_server(self).url()
 
     @property
     def control_url(self) -> str:
@@ -112,7 +114,6 @@ def service_env(cfg: StackConfig) -> dict[str, str]:
     ingest_port, processor_port, sink_port = cfg.metrics_ports
     return {
         "SF_KAFKA_BOOTSTRAP": cfg.bootstrap,
-        "SF_REDIS_URL": cfg.redis_url,
         "SF_DATA_DIR": str(cfg.data_dir.resolve()),
         "SF_TLS_DIR": str(cfg.pki_dir.resolve()),
         "SF_INGEST_JOB_SPECS": specs,
@@ -153,7 +154,12 @@ def service_env(cfg: StackConfig) -> dict[str, str]:
 def start_service(cfg: StackConfig, name: str, extra_env: dict[str, str] | None = None) -> int:
     if name not in SERVICES:
         raise InfraError(f"unknown service {name!r}; the services are {', '.join(SERVICES)}")
-    env = {**service_env(cfg), **(extra_env or {})}
+    # Each service connects to Redis as its own user, or with no credentials when it needs none.
+    users = {"control": "control", "sink": "sink"}
+    redis_url = (
+        redis_server(cfg).url(users[name]) if name in users else f"redis://127.0.0.1:{cfg.redis_port}/0"
+    )
+    env = {**service_env(cfg), "SF_REDIS_URL": redis_url, **(extra_env or {})}
     ensure_pki(cfg.pki_dir)  # certificates that are missing or about to expire; the rest stay
     return procs.start_process(
         name, [sys.executable, "-m", f"services.{name}"], cfg.run_dir, env=env, cwd=ROOT

@@ -220,7 +220,17 @@ def test_redis_argv(tmp_path: Path) -> None:
     assert pairs["--appendonly"] == "yes"
     assert pairs["--save"] == ""
     assert pairs["--dir"] == str(tmp_path / "redis")
+    assert pairs["--aclfile"] == str(tmp_path / "redis-auth" / "users.acl")
     assert pairs["--logfile"] == str(tmp_path / "logs" / "redis.log")
+
+
+def test_redis_users_get_generated_passwords_that_are_kept(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path, port=16379)
+    first = server.passwords()
+    assert set(first) == {"default", "control", "sink"} and len(set(first.values())) == 3
+    assert RedisServer(tmp_path, port=16379).passwords() == first
+    assert server.url("sink") == f"redis://sink:{first['sink']}@127.0.0.1:16379/0"
+    assert (tmp_path / "redis-auth" / "users.json").stat().st_mode & 0o077 == 0
 
 
 # ---------------------------------------------------------------------------------------------- procs
