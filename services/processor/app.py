@@ -9,6 +9,7 @@ queries from their checkpoints; one job failing never stops the others or the se
 from __future__ import annotations
 
 import logging
+import os
 import threading
 
 from opentelemetry.trace import Tracer
@@ -31,6 +32,8 @@ __all__ = ["ROCKSDB_PROVIDER", "Processor", "ProcessorError", "build_spark"]
 
 
 def build_spark(settings: ProcessorSettings, jars: list[str]) -> SparkSession:
+    # Spark's web UI binds to SPARK_LOCAL_IP, else to every interface: keep it on loopback.
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
     builder = (
         SparkSession.builder.master(settings.spark_master)
         .appName("streamforge-processor")
@@ -47,7 +50,10 @@ def build_spark(settings: ProcessorSettings, jars: list[str]) -> SparkSession:
         # Everything runs on this machine: without these Spark binds to the first non-loopback address.
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.ui.enabled", str(settings.spark_ui_enabled).lower())
         .config("spark.ui.port", str(settings.spark_ui_port))
+        # A read-only UI: no "kill" links that stop a job's stages from a browser.
+        .config("spark.ui.killEnabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
     )
     for key, value in settings.spark_conf.items():

@@ -89,7 +89,7 @@ def test_each_certificate_may_call_only_what_its_service_allows(stack: StackConf
     with _as(stack, "control", "processor") as control:
         assert _health(control) == health_pb2.HealthCheckResponse.SERVING
         listed = pb_grpc.JobCommandsStub(control).ListJobs(pb.ListJobsRequest(), timeout=10)
-        assert [j.job_id for j in listed.jobs] == ["sec-views"]
+        assert "sec-views" in [j.job_id for j in listed.jobs]  # the shared stack may run other tests' jobs
     with _as(stack, "sink", "processor") as sink:
         assert _health(sink) == health_pb2.HealthCheckResponse.SERVING  # health: any identity of the CA
         # A sink may not stop a job, nor start one control does not know (the hijack of issue 11).
