@@ -21,7 +21,6 @@ import hashlib
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -32,11 +31,13 @@ import grpc
 import orjson
 
 from services.control.errors import ControlError, IllegalTransition, JobConflict, JobNotFound, PathRefused
-from services.control.lifecycle import ACTIVE_STATES, JobState, allowed_next, can_transition
+from services.control.lifecycle import allowed_next, can_transition
 from services.control.peers import TRANSIENT_CODES, Peers, code_of, describe
 from services.control.settings import ControlSettings
 from services.control.store import InstanceRecord, InstanceStore, JobRecord, JobStore
+from shared.clock import Clock, wall_clock_ms
 from shared.jobspec import JobSpec, spec_to_json
+from shared.jobstate import ACTIVE_STATES, JobState
 from shared.metrics import (
     CONTROL_COMMANDS,
     CONTROL_HEARTBEATS,
@@ -49,11 +50,6 @@ from shared.proto import streamforge_pb2 as pb
 log = logging.getLogger(__name__)
 
 SERVICES = ("ingest", "processor", "sink")
-Clock = Callable[[], int]
-
-
-def wall_clock_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def specs_digest(spec_jsons: Iterable[str]) -> str:

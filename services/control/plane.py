@@ -13,10 +13,11 @@ import redis
 from opentelemetry import trace
 
 from services.control.grpc_server import ControlGrpcServer
-from services.control.manager import Clock, JobManager, wall_clock_ms
+from services.control.manager import JobManager
 from services.control.peers import Peers
 from services.control.settings import ControlSettings
 from services.control.store import InstanceStore, JobStore
+from shared.clock import Clock, wall_clock_ms
 from shared.telemetry import grpc_client_interceptor, grpc_server_interceptor
 
 log = logging.getLogger(__name__)

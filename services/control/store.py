@@ -15,8 +15,8 @@ import redis
 from pydantic import BaseModel, ConfigDict, Field
 
 from services.control.errors import JobConflict, StoreUnavailable
-from services.control.lifecycle import JobState
 from shared import constants
+from shared.jobstate import JobState
 
 HISTORY_LIMIT = 50
 

@@ -18,7 +18,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from services.processor import savepoints
 from services.processor.errors import JobNotFoundError, JobStateError, ProcessorError, SavepointError
-from services.processor.jobs import JobManager, JobState, JobView
+from services.processor.jobs import JobManager, JobView
 from shared.errors import SpecError
 from shared.jobspec import JobSpec, parse_job_spec, spec_to_json
 from shared.proto import streamforge_pb2 as pb
@@ -28,21 +28,11 @@ log = logging.getLogger(__name__)
 JOB_COMMANDS_SERVICE = "streamforge.v1.JobCommands"
 T = TypeVar("T")
 
-_STATES = {
-    JobState.CREATED: pb.JOB_STATE_CREATED,
-    JobState.RUNNING: pb.JOB_STATE_RUNNING,
-    JobState.FAILING: pb.JOB_STATE_FAILING,
-    JobState.FAILED: pb.JOB_STATE_FAILED,
-    JobState.CANCELLING: pb.JOB_STATE_CANCELLING,
-    JobState.CANCELED: pb.JOB_STATE_CANCELED,
-    JobState.FINISHED: pb.JOB_STATE_FINISHED,
-}
-
 
 def to_proto(view: JobView) -> pb.JobStatus:
     status = pb.JobStatus(
         job_id=view.job_id,
-        state=_STATES[view.state],
+        state=view.state.to_proto(),
         message=view.message,
         savepoint_path=view.savepoint_path,
     )

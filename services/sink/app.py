@@ -34,6 +34,7 @@ from services.sink.errors import DeadLetterError, SinkError
 from services.sink.settings import SinkSettings
 from services.sink.store import ResultStore
 from shared import constants
+from shared.clock import wall_clock_ms
 from shared.jobspec import JobSpec
 from shared.kafka import (
     close_consumer,
@@ -432,7 +433,7 @@ class Sink:
             (constants.HDR_SOURCE_PARTITION, str(entry.partition).encode()),
             (constants.HDR_SOURCE_OFFSET, str(entry.offset).encode()),
             (constants.HDR_SERVICE, SERVICE.encode()),
-            (constants.HDR_ERROR_TIME_MS, str(int(time.time() * 1000)).encode()),
+            (constants.HDR_ERROR_TIME_MS, str(wall_clock_ms()).encode()),
         ]
         key = f"{r.job_id}|{r.key}".encode()
         self._produce_dead_letter(entry.topic, key, r.to_json(), headers)

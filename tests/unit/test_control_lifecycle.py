@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from services.control.errors import IllegalTransition
-from services.control.lifecycle import FINAL_STATES, TRANSITIONS, JobState, allowed_next, can_transition
+from services.control.lifecycle import TRANSITIONS, allowed_next, can_transition
 from services.control.manager import JobManager, specs_digest
 from services.control.store import JobRecord
+from shared.jobstate import FINAL_STATES, JobState
 from shared.proto import streamforge_pb2 as pb
 
 

@@ -6,8 +6,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from services.control.lifecycle import JobState
 from services.control.store import InstanceRecord, JobRecord, Transition
+from shared.jobstate import JobState
 
 
 class ErrorOut(BaseModel):

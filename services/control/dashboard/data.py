@@ -20,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from services.control.results import read_results
 from shared import constants
+from shared.clock import wall_clock_ms
 
 # Interval rates need two scrapes at least this far apart; closer polls reuse the last rates.
 MIN_RATE_INTERVAL_S = 0.5
@@ -306,7 +307,7 @@ async def collect(sources: DashboardSources, now: float | None = None) -> dict[s
             }
         )
     return {
-        "generated_at_ms": int(time.time() * 1000),
+        "generated_at_ms": wall_clock_ms(),
         "sources": status,
         "redis": {"ok": redis_error is None, "error": redis_error},
         "jobs": jobs,

@@ -20,10 +20,10 @@ from services.control.api.schemas import (
     WindowOut,
 )
 from services.control.errors import JobConflict, SpecRejected, StoreUnavailable
-from services.control.lifecycle import JobState
 from services.control.results import read_results
 from shared.errors import SpecError
 from shared.jobspec import JobSpec, parse_job_spec
+from shared.jobstate import JobState
 
 router = APIRouter(prefix="/jobs", tags=["jobs"], responses=AUTH_RESPONSES)
 Read = [Depends(require_read)]
