@@ -11,7 +11,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from services.control.errors import ControlError, StoreUnavailable
-from services.control.manager import JobManager
+from services.control.registry import Registry
 from shared.proto import streamforge_pb2 as pb
 from shared.proto import streamforge_pb2_grpc as pb_grpc
 
@@ -20,12 +20,12 @@ REGISTRY_SERVICE = "streamforge.v1.Registry"
 
 
 class RegistryServicer(pb_grpc.RegistryServicer):
-    def __init__(self, manager: JobManager) -> None:
-        self.manager = manager
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
 
     def Register(self, request: pb.RegisterRequest, context: grpc.ServicerContext) -> pb.RegisterResponse:
         try:
-            interval_ms = self.manager.register(request.instance)
+            interval_ms = self.registry.register(request.instance)
         except StoreUnavailable as e:
             context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
         except ControlError as e:
@@ -34,7 +34,7 @@ class RegistryServicer(pb_grpc.RegistryServicer):
 
     def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.ServicerContext) -> pb.HeartbeatResponse:
         try:
-            known = self.manager.heartbeat(request)
+            known = self.registry.heartbeat(request)
         except StoreUnavailable as e:
             context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
         return pb.HeartbeatResponse(known=known)
@@ -43,7 +43,7 @@ class RegistryServicer(pb_grpc.RegistryServicer):
         self, request: pb.DeregisterRequest, context: grpc.ServicerContext
     ) -> pb.DeregisterResponse:
         try:
-            self.manager.deregister(request.instance_id)
+            self.registry.deregister(request.instance_id)
         except StoreUnavailable as e:
             context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
         return pb.DeregisterResponse()
@@ -52,12 +52,12 @@ class RegistryServicer(pb_grpc.RegistryServicer):
 class ControlGrpcServer:
     """Registry + health on host:port (port 0: any free port; ``port`` says which after start)."""
 
-    def __init__(self, manager: JobManager, host: str, port: int, interceptors: Sequence[Any] = ()) -> None:
+    def __init__(self, registry: Registry, host: str, port: int, interceptors: Sequence[Any] = ()) -> None:
         self.server: Any = grpc.server(
             ThreadPoolExecutor(max_workers=8, thread_name_prefix="control-grpc"),
             interceptors=list(interceptors),
         )
-        pb_grpc.add_RegistryServicer_to_server(RegistryServicer(manager), self.server)
+        pb_grpc.add_RegistryServicer_to_server(RegistryServicer(registry), self.server)
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.address = f"{host}:{port}"

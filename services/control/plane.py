@@ -1,4 +1,4 @@
-"""The control plane as one object: Redis, job store, registry, JobManager and gRPC server.
+"""The control plane as one object: Redis, job store, JobManager (with its registry) and gRPC server.
 
 The FastAPI app starts it in its lifespan and stops it on shutdown; tests build one with their own
 settings (gRPC port 0 picks a free port).
@@ -37,7 +37,7 @@ class ControlPlane:
         server = [grpc_server_interceptor(tracer)] if tracer is not None else []
         self.peers = Peers(client)
         self.manager = JobManager(settings, self.jobs, self.instances, self.peers, clock=clock)
-        self.grpc = ControlGrpcServer(self.manager, settings.grpc_host, settings.grpc_port, server)
+        self.grpc = ControlGrpcServer(self.manager.registry, settings.grpc_host, settings.grpc_port, server)
         self.started = False
         self._users = 0  # an app's lifespan may run more than once at a time (test clients)
         self._lock = threading.Lock()

@@ -225,6 +225,17 @@ class InstanceStore:
     def get(self, instance_id: str) -> InstanceRecord | None:
         return self._records.get(instance_id)
 
+    def alive(self, service: str | None = None) -> list[InstanceRecord]:
+        """The instances that heartbeat (of one service, if given)."""
+        return [i for i in self.list() if i.health == "alive" and (service is None or i.service == service)]
+
+    def alive_ids(self) -> set[str]:
+        return {i.instance_id for i in self.alive()}
+
+    def is_alive(self, instance_id: str) -> bool:
+        record = self.get(instance_id) if instance_id else None
+        return record is not None and record.health == "alive"
+
     def list(self) -> list[InstanceRecord]:
         try:
             members: set[bytes] = self.client.smembers(constants.REDIS_CONTROL_INSTANCES)  # type: ignore[assignment]

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from services.control.dispatch import specs_digest
 from services.control.errors import IllegalTransition
 from services.control.lifecycle import TRANSITIONS, allowed_next, can_transition
-from services.control.manager import JobManager, specs_digest
 from services.control.store import JobRecord
+from services.control.transitions import Transitions
 from shared.jobstate import FINAL_STATES, JobState
 from shared.proto import streamforge_pb2 as pb
 
@@ -61,13 +62,13 @@ def test_transitions(current: JobState, wanted: JobState, legal: bool) -> None:
 
 def test_an_illegal_transition_is_refused_with_the_allowed_ones() -> None:
     job = JobRecord(id="j", spec={}, state=JobState.CANCELED, created_at_ms=1, updated_at_ms=1)
-    manager = JobManager.__new__(JobManager)  # only _moved is used: no store, no threads
-    manager.clock = lambda: 5
+    transitions = Transitions.__new__(Transitions)  # only moved() is used: no store, no threads
+    transitions.clock = lambda: 5
     with pytest.raises(IllegalTransition) as err:
-        manager._moved(job, JobState.RUNNING, "why")
+        transitions.moved(job, JobState.RUNNING, "why")
     assert err.value.http_status == 409
     assert "is CANCELED: it cannot become RUNNING; from CANCELED it can go to nothing" in str(err.value)
-    moved = manager._moved(job.model_copy(update={"state": JobState.RUNNING}), JobState.FAILING, "lost")
+    moved = transitions.moved(job.model_copy(update={"state": JobState.RUNNING}), JobState.FAILING, "lost")
     assert (moved.state, moved.message, moved.updated_at_ms) == (JobState.FAILING, "lost", 5)
     assert moved.history[-1].state == JobState.FAILING
 
