@@ -34,7 +34,7 @@ from services.control.settings import ControlSettings
 from services.control.store import InstanceRecord, InstanceStore, JobRecord, JobStore
 from services.control.transitions import Transitions
 from shared.clock import Clock, wall_clock_ms
-from shared.jobspec import JobSpec, spec_to_json
+from shared.jobspec import JobSpec
 from shared.jobstate import JobState
 from shared.metrics import CONTROL_INSTANCES, CONTROL_JOBS
 
@@ -117,7 +117,7 @@ class JobManager:
         """Store the job (CREATED) and start it; ``trusted_savepoint``: the path came from a processor."""
         if not trusted_savepoint:
             self.check_savepoint_path(from_savepoint, "from_savepoint")
-        self.transitions.create(spec.id, spec_to_json(spec), from_savepoint)
+        self.transitions.create(spec, from_savepoint)
         wait(self.dispatch.start_job(spec.id), wait_s)
         self.wake()  # ingest and the sink get the new stream
         return self.get(spec.id)

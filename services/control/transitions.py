@@ -13,13 +13,12 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-import orjson
-
 from services.control.errors import IllegalTransition, JobConflict, JobNotFound
 from services.control.lifecycle import allowed_next, can_transition
 from services.control.settings import ControlSettings
 from services.control.store import JobRecord, JobStore
 from shared.clock import Clock
+from shared.jobspec import JobSpec, spec_to_json
 from shared.jobstate import JobState
 from shared.metrics import CONTROL_JOB_TRANSITIONS
 
@@ -80,19 +79,19 @@ class Transitions:
         )
 
     # --- what the REST API asks for -----------------------------------------------------------------
-    def create(self, job_id: str, spec_json: str, from_savepoint: str) -> JobRecord:
+    def create(self, spec: JobSpec, from_savepoint: str) -> JobRecord:
         """Store a new job, CREATED (JobConflict while a job with that id is still active)."""
         now = self.clock()
         record = JobRecord(
-            id=job_id,
-            spec=orjson.loads(spec_json),
+            id=spec.id,
+            spec_json=spec_to_json(spec),
             created_at_ms=now,
             updated_at_ms=now,
             from_savepoint=from_savepoint,
         ).moved_to(JobState.CREATED, now, "submitted; waiting for a processor")
         self.jobs.create(record)
         CONTROL_JOB_TRANSITIONS.labels("", JobState.CREATED).inc()
-        log.info("job %s submitted%s", job_id, f" from savepoint {from_savepoint}" if from_savepoint else "")
+        log.info("job %s submitted%s", spec.id, f" from savepoint {from_savepoint}" if from_savepoint else "")
         return record
 
     def request_cancel(self, job_id: str, alive: set[str]) -> JobRecord:

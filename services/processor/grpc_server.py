@@ -13,14 +13,13 @@ from concurrent import futures
 from typing import NoReturn, TypeVar
 
 import grpc
-import orjson
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from services.processor import savepoints
 from services.processor.errors import JobNotFoundError, JobStateError, ProcessorError, SavepointError
 from services.processor.jobs import JobManager, JobView
 from shared.errors import SpecError
-from shared.jobspec import JobSpec, parse_job_spec, spec_to_json
+from shared.jobspec import JobSpec, spec_from_json, with_id
 from shared.proto import streamforge_pb2 as pb
 from shared.proto import streamforge_pb2_grpc as pb_grpc
 
@@ -57,15 +56,12 @@ def to_proto(view: JobView) -> pb.JobStatus:
 def spec_of(request: pb.StartJobRequest, savepoint_spec: Callable[[str], JobSpec]) -> JobSpec:
     """The request's spec under the request's job id (a restore may rename a job)."""
     if request.spec_json:
-        spec = parse_job_spec(request.spec_json)
+        spec = spec_from_json(request.spec_json)
     elif request.from_savepoint:
         spec = savepoint_spec(request.from_savepoint)  # no spec: run the savepoint's own
     else:
         raise SpecError("StartJob needs spec_json (or from_savepoint to run the savepoint's spec)")
-    if request.job_id and request.job_id != spec.id:
-        renamed = {**orjson.loads(spec_to_json(spec)), "id": request.job_id}
-        spec = parse_job_spec(orjson.dumps(renamed))
-    return spec
+    return with_id(spec, request.job_id) if request.job_id else spec
 
 
 def _abort(context: grpc.ServicerContext, e: Exception) -> NoReturn:

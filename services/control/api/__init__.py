@@ -17,6 +17,8 @@ from services.control.dashboard.settings import DashboardSettings
 from services.control.errors import ControlError
 from services.control.plane import ControlPlane
 from services.control.settings import ControlSettings
+from services.control.store import JobRecord
+from shared.errors import SpecError
 from shared.jobspec import JobSpec
 from shared.telemetry import fastapi_telemetry
 
@@ -98,9 +100,7 @@ def _dashboard_sources(control: ControlPlane) -> dashboard.DashboardSources:
     def aliases() -> dict[str, str]:
         # Ingest labels its metrics by raw topic: show them under the job that reads that topic.
         try:
-            from_jobs = {
-                str(topic): job.id for job in control.jobs.list() for topic in _source_topics(job.spec)
-            }
+            from_jobs = {topic: job.id for job in control.jobs.list() for topic in _source_topics(job)}
         except ControlError:
             from_jobs = {}
         return {**from_jobs, **configured.aliases}
@@ -116,9 +116,9 @@ def _dashboard_sources(control: ControlPlane) -> dashboard.DashboardSources:
     )
 
 
-def _source_topics(spec: dict[str, Any]) -> list[str]:
-    """Raw topics of a stored spec (its source, and a join's second source)."""
-    topics = [spec.get("source", {}).get("topic")]
-    join = spec.get("join") or {}
-    topics.append((join.get("source") or {}).get("topic"))
-    return [t for t in topics if t]
+def _source_topics(job: JobRecord) -> list[str]:
+    """Raw topics the job reads (its source, and a join's second source)."""
+    try:
+        return [source.topic for source in job.spec.sources]
+    except SpecError:  # stored by an older version and no longer valid: it runs nowhere
+        return []
