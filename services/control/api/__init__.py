@@ -20,6 +20,7 @@ from services.control.settings import ControlSettings
 from services.control.store import JobRecord
 from shared.errors import SpecError
 from shared.jobspec import JobSpec
+from shared.jobstate import ACTIVE_STATES
 from shared.telemetry import fastapi_telemetry
 
 DESCRIPTION = """\
@@ -99,8 +100,10 @@ def _dashboard_sources(control: ControlPlane) -> dashboard.DashboardSources:
 
     def aliases() -> dict[str, str]:
         # Ingest labels its metrics by raw topic: show them under the job that reads that topic.
+        # An active job wins a topic an ended one read too (the dashboard hides ended jobs).
         try:
-            from_jobs = {topic: job.id for job in control.jobs.list() for topic in _source_topics(job)}
+            jobs = sorted(control.jobs.list(), key=lambda j: j.state in ACTIVE_STATES)
+            from_jobs = {topic: job.id for job in jobs for topic in _source_topics(job)}
         except ControlError:
             from_jobs = {}
         return {**from_jobs, **configured.aliases}
