@@ -21,12 +21,11 @@ from typing import Any
 
 import grpc
 
+from services.control.context import ControlContext
 from services.control.errors import ControlError
-from services.control.peers import TRANSIENT_CODES, Peers, code_of, describe
-from services.control.settings import ControlSettings
-from services.control.store import InstanceRecord, InstanceStore, JobRecord, JobStore
+from services.control.peers import TRANSIENT_CODES, code_of, describe
+from services.control.store import InstanceRecord, JobRecord
 from services.control.transitions import STARTABLE, Transitions
-from shared.clock import Clock
 from shared.jobstate import ACTIVE_STATES, JobState
 from shared.metrics import CONTROL_COMMANDS
 from shared.proto import streamforge_pb2 as pb
@@ -55,21 +54,9 @@ def wait(fut: Future[Any], wait_s: float) -> None:
 
 
 class Dispatcher:
-    def __init__(
-        self,
-        settings: ControlSettings,
-        jobs: JobStore,
-        instances: InstanceStore,
-        peers: Peers,
-        transitions: Transitions,
-        clock: Clock,
-    ) -> None:
-        self.settings = settings
-        self.jobs = jobs
-        self.instances = instances
-        self.peers = peers
+    def __init__(self, ctx: ControlContext, transitions: Transitions) -> None:
+        self.ctx = ctx
         self.transitions = transitions
-        self.clock = clock
         self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="control-cmd")
         self._inflight: dict[tuple[str, str], Future[Any]] = {}
         self._job_locks: dict[str, threading.Lock] = {}
@@ -133,21 +120,21 @@ class Dispatcher:
             return self._job_locks.setdefault(job_id, threading.Lock())
 
     def _backing_off(self, job: JobRecord) -> bool:
-        return self.clock() < job.next_attempt_ms
+        return self.ctx.clock() < job.next_attempt_ms
 
     # --- StartJob --------------------------------------------------------------------------------------
     def _start_job(self, job_id: str) -> None:
         with self._job_lock(job_id):
-            job = self.jobs.get(job_id)
+            job = self.ctx.jobs.get(job_id)
             if job is None or self._backing_off(job):
                 return
             if not (job.state == JobState.CREATED or (job.state == JobState.FAILING and job.needs_start)):
                 return
-            processors = self.instances.alive("processor")
+            processors = self.ctx.instances.alive("processor")
             if not processors:
                 return
             processor = self._choose(job, processors)
-            placed = self.transitions.place(job_id, processor.instance_id, self.clock())
+            placed = self.transitions.place(job_id, processor.instance_id, self.ctx.clock())
             if placed is None or placed.processor != processor.instance_id:
                 return
             # A job that never ran starts from its savepoint; after that its own checkpoint is newer.
@@ -157,9 +144,9 @@ class Dispatcher:
                 spec_json=placed.spec_json,
                 from_savepoint="" if ever_ran else placed.from_savepoint,
             )
-            timeout_s = self.settings.command_timeout_ms / 1000
+            timeout_s = self.ctx.settings.command_timeout_ms / 1000
             try:
-                status = self.peers.job_commands(processor.target).StartJob(request, timeout=timeout_s)
+                status = self.ctx.peers.job_commands(processor.target).StartJob(request, timeout=timeout_s)
             except grpc.RpcError as e:
                 self._start_failed(job_id, processor, e)
                 return
@@ -184,7 +171,7 @@ class Dispatcher:
                 )
             else:  # accepted, still starting: its heartbeats will say RUNNING
                 self.transitions.note(
-                    job_id, f"starting on {where}", retry_in_ms=self.settings.report_grace_ms()
+                    job_id, f"starting on {where}", retry_in_ms=self.ctx.settings.report_grace_ms()
                 )
 
     def _start_failed(self, job_id: str, processor: InstanceRecord, error: grpc.RpcError) -> None:
@@ -215,7 +202,7 @@ class Dispatcher:
         if job.state == JobState.CREATED and job.processor in by_id:
             return by_id[job.processor]
         placed: dict[str, int] = {}
-        for j in self.jobs.list():
+        for j in self.ctx.jobs.list():
             if j.state in ACTIVE_STATES and j.id != job.id:
                 placed[j.processor] = placed.get(j.processor, 0) + 1
         return min(
@@ -226,10 +213,10 @@ class Dispatcher:
     # --- StopJob ---------------------------------------------------------------------------------------
     def _stop_job(self, job_id: str) -> None:
         with self._job_lock(job_id):
-            job = self.jobs.get(job_id)
+            job = self.ctx.jobs.get(job_id)
             if job is None or job.state != JobState.CANCELLING or self._backing_off(job):
                 return
-            processor = self.instances.get(job.processor) if job.processor else None
+            processor = self.ctx.instances.get(job.processor) if job.processor else None
             if processor is None or processor.health != "alive":
                 self.transitions.cancel_not_running(
                     job, f"processor {job.processor or '-'} is gone: the job is not running"
@@ -238,11 +225,11 @@ class Dispatcher:
             request = pb.StopJobRequest(
                 job_id=job_id,
                 savepoint=job.savepoint_requested,
-                savepoint_dir=job.savepoint_dir or self.settings.savepoint_dir,
+                savepoint_dir=job.savepoint_dir or self.ctx.settings.savepoint_dir,
             )
             try:
-                status = self.peers.job_commands(processor.target).StopJob(
-                    request, timeout=self.settings.command_timeout_ms / 1000
+                status = self.ctx.peers.job_commands(processor.target).StopJob(
+                    request, timeout=self.ctx.settings.command_timeout_ms / 1000
                 )
             except grpc.RpcError as e:
                 self._stop_failed(job, e)
@@ -287,8 +274,8 @@ class Dispatcher:
             job_id,
         )
         try:
-            self.peers.job_commands(processor.target).StopJob(
-                pb.StopJobRequest(job_id=job_id), timeout=self.settings.command_timeout_ms / 1000
+            self.ctx.peers.job_commands(processor.target).StopJob(
+                pb.StopJobRequest(job_id=job_id), timeout=self.ctx.settings.command_timeout_ms / 1000
             )
         except grpc.RpcError as e:
             log.warning("stopping stray job %s on %s: %s", job_id, processor.instance_id, describe(e))
@@ -297,17 +284,17 @@ class Dispatcher:
 
     # --- ApplyStreams and health probes ----------------------------------------------------------------
     def _apply_streams(self, instance_id: str) -> None:
-        inst = self.instances.get(instance_id)
+        inst = self.ctx.instances.get(instance_id)
         if inst is None or inst.health != "alive":
             return
-        spec_jsons = active_specs(self.jobs.list())
+        spec_jsons = active_specs(self.ctx.jobs.list())
         digest = specs_digest(spec_jsons)
-        now = self.clock()
+        now = self.ctx.clock()
         error = ""
         try:
-            self.peers.stream_config(inst.target).ApplyStreams(
+            self.ctx.peers.stream_config(inst.target).ApplyStreams(
                 pb.ApplyStreamsRequest(job_spec_json=spec_jsons),
-                timeout=self.settings.apply_timeout_ms / 1000,
+                timeout=self.ctx.settings.apply_timeout_ms / 1000,
             )
         except grpc.RpcError as e:
             error = describe(e)
@@ -320,7 +307,7 @@ class Dispatcher:
         finally:
             CONTROL_COMMANDS.labels("ApplyStreams").inc()
 
-        self.instances.update(
+        self.ctx.instances.update(
             instance_id,
             lambda r: r.model_copy(
                 update={"streams_digest": digest, "streams_error": error, "streams_attempt_ms": now}
@@ -328,11 +315,11 @@ class Dispatcher:
         )
 
     def _probe(self, instance_id: str) -> None:
-        inst = self.instances.get(instance_id)
+        inst = self.ctx.instances.get(instance_id)
         if inst is None:
             return
-        status = self.peers.check_health(inst.target, timeout_s=2.0)
-        now = self.clock()
-        self.instances.update(
+        status = self.ctx.peers.check_health(inst.target, timeout_s=2.0)
+        now = self.ctx.clock()
+        self.ctx.instances.update(
             instance_id, lambda r: r.model_copy(update={"grpc_health": status, "grpc_health_at_ms": now})
         )

@@ -26,6 +26,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+from services.control.context import ControlContext
 from services.control.dispatch import Dispatcher, active_specs, specs_digest, wait
 from services.control.errors import ControlError, JobNotFound, PathRefused
 from services.control.peers import Peers
@@ -58,11 +59,10 @@ class JobManager:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_probe_ms = 0
-        self.transitions = Transitions(settings, jobs, clock, self.wake)
-        self.dispatch = Dispatcher(settings, jobs, instances, peers, self.transitions, clock)
-        self.registry = Registry(
-            settings, jobs, instances, peers, self.transitions, self.dispatch, clock, self.wake
-        )
+        ctx = ControlContext(settings, jobs, instances, peers, clock, self.wake)
+        self.transitions = Transitions(ctx)
+        self.dispatch = Dispatcher(ctx, self.transitions)
+        self.registry = Registry(ctx, self.transitions, self.dispatch)
 
     # --- lifecycle of the manager itself ---------------------------------------------------------------
     def start(self) -> None:

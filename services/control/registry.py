@@ -10,15 +10,12 @@ a job it resumed by itself, and a stop for a copy it should not run (through ``d
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 
+from services.control.context import ControlContext
 from services.control.dispatch import Dispatcher
 from services.control.errors import ControlError
-from services.control.peers import Peers
-from services.control.settings import ControlSettings
-from services.control.store import InstanceRecord, InstanceStore, JobRecord, JobStore
+from services.control.store import InstanceRecord, JobRecord
 from services.control.transitions import SHOULD_RUN, STARTABLE, Transitions
-from shared.clock import Clock
 from shared.jobstate import JobState
 from shared.metrics import CONTROL_HEARTBEATS
 from shared.proto import streamforge_pb2 as pb
@@ -36,27 +33,12 @@ def metrics_dict(status: pb.JobStatus) -> dict[str, float]:
 
 
 class Registry:
-    def __init__(
-        self,
-        settings: ControlSettings,
-        jobs: JobStore,
-        instances: InstanceStore,
-        peers: Peers,
-        transitions: Transitions,
-        dispatch: Dispatcher,
-        clock: Clock,
-        wake: Callable[[], None],
-    ) -> None:
-        self.settings = settings
-        self.jobs = jobs
-        self.instances = instances
-        self.peers = peers
+    def __init__(self, ctx: ControlContext, transitions: Transitions, dispatch: Dispatcher) -> None:
+        self.ctx = ctx
         self.transitions = transitions
         self.dispatch = dispatch
-        self.clock = clock
-        self.wake = wake
         # Instances were heartbeating to a previous control: give them a full timeout to find us.
-        self.started_ms = clock()
+        self.started_ms = ctx.clock()
 
     # --- called by the gRPC Registry servicer ----------------------------------------------------------
     def register(self, instance: pb.ServiceInstance) -> int:
@@ -67,8 +49,8 @@ class Registry:
             raise ControlError(f"service {instance.service!r} is not one of {', '.join(SERVICES)}")
         if not 0 < instance.grpc_port < 65536:
             raise ControlError(f"grpc_port {instance.grpc_port} is not a port (1-65535)")
-        now = self.clock()
-        previous = self.instances.get(instance.instance_id)
+        now = self.ctx.clock()
+        previous = self.ctx.instances.get(instance.instance_id)
         record = InstanceRecord(
             instance_id=instance.instance_id,
             service=instance.service,
@@ -80,16 +62,16 @@ class Registry:
             last_heartbeat_ms=now,
         )
         if previous is not None and previous.target != record.target:
-            self.peers.forget(previous.target)
-        self.instances.put(record)
+            self.ctx.peers.forget(previous.target)
+        self.ctx.instances.put(record)
         again = "" if previous is None else f" again (was {previous.health})"
         log.info("%s %s registered%s at %s", record.service, record.instance_id, again, record.target)
-        self.wake()
-        return self.settings.heartbeat_interval_ms
+        self.ctx.wake()
+        return self.ctx.settings.heartbeat_interval_ms
 
     def heartbeat(self, request: pb.HeartbeatRequest) -> bool:
         """Record a heartbeat; False when the instance must register (again) first."""
-        now = self.clock()
+        now = self.ctx.clock()
         load = {f.name: float(getattr(request.load, f.name)) for f in request.load.DESCRIPTOR.fields}
         reported = list(request.jobs)
 
@@ -100,7 +82,7 @@ class Registry:
                 update={"last_heartbeat_ms": now, "load": load, "jobs": sorted(s.job_id for s in reported)}
             )
 
-        record = self.instances.update(request.instance_id, beat)
+        record = self.ctx.instances.update(request.instance_id, beat)
         known = record is not None and record.health == "alive"
         CONTROL_HEARTBEATS.labels("known" if known else "unknown").inc()
         if not known or record is None:
@@ -110,27 +92,27 @@ class Registry:
         return True
 
     def deregister(self, instance_id: str) -> None:
-        record = self.instances.get(instance_id)
+        record = self.ctx.instances.get(instance_id)
         if record is None:
             return
-        self.instances.delete(instance_id)
-        self.peers.forget(record.target)
+        self.ctx.instances.delete(instance_id)
+        self.ctx.peers.forget(record.target)
         log.info("%s %s deregistered", record.service, instance_id)
-        self.wake()
+        self.ctx.wake()
 
     # --- called by the supervisor ----------------------------------------------------------------------
     def sweep_instances(self, now: int) -> dict[str, InstanceRecord]:
         """Mark silent instances lost, forget long-lost ones; returns the live ones by id."""
         live: dict[str, InstanceRecord] = {}
-        for inst in self.instances.list():
+        for inst in self.ctx.instances.list():
             if inst.health == "alive":
                 silent_ms = now - max(inst.last_heartbeat_ms, self.started_ms)
-                if silent_ms > self.settings.heartbeat_timeout_ms:
+                if silent_ms > self.ctx.settings.heartbeat_timeout_ms:
                     self._mark_lost(inst.instance_id, now, silent_ms)
                 else:
                     live[inst.instance_id] = inst
-            elif now - inst.lost_at_ms > self.settings.lost_retention_ms:
-                self.instances.delete(inst.instance_id)
+            elif now - inst.lost_at_ms > self.ctx.settings.lost_retention_ms:
+                self.ctx.instances.delete(inst.instance_id)
         return live
 
     def _mark_lost(self, instance_id: str, now: int, silent_ms: int) -> None:
@@ -138,24 +120,24 @@ class Registry:
             # Re-check inside the transaction: a heartbeat may have arrived since we listed.
             if (
                 r.health != "alive"
-                or now - max(r.last_heartbeat_ms, self.started_ms) <= self.settings.heartbeat_timeout_ms
+                or now - max(r.last_heartbeat_ms, self.started_ms) <= self.ctx.settings.heartbeat_timeout_ms
             ):
                 return None
             return r.model_copy(update={"health": "lost", "lost_at_ms": now})
 
-        record = self.instances.update(instance_id, lose)
+        record = self.ctx.instances.update(instance_id, lose)
         if record is not None and record.health == "lost":
             log.warning("%s %s lost: no heartbeat for %d ms", record.service, instance_id, silent_ms)
 
     # --- what a processor's heartbeat says about the jobs -----------------------------------------------
     def _apply_reports(self, processor: InstanceRecord, reported: list[pb.JobStatus], now: int) -> None:
         by_id = {s.job_id: s for s in reported}
-        alive = self.instances.alive_ids()
-        for job in self.jobs.list():
+        alive = self.ctx.instances.alive_ids()
+        for job in self.ctx.jobs.list():
             status = by_id.get(job.id)
             placed_here = job.processor == processor.instance_id
             settled = (
-                now - max(job.placed_at_ms, processor.registered_at_ms) > self.settings.report_grace_ms()
+                now - max(job.placed_at_ms, processor.registered_at_ms) > self.ctx.settings.report_grace_ms()
             )
             if status is None:
                 if placed_here and job.state == JobState.RUNNING and settled:
@@ -170,7 +152,7 @@ class Registry:
                 continue
             elif job.state in STARTABLE and job.processor not in alive:
                 # A processor that restarted resumes its jobs by itself: adopt the copy it runs.
-                self.transitions.adopt(job.id, processor.instance_id, now, self.instances.alive_ids)
+                self.transitions.adopt(job.id, processor.instance_id, now, self.ctx.instances.alive_ids)
             elif settled and (job.state.is_final or job.processor in alive):
                 # Ended, or placed on another live processor since (this one was lost and came back):
                 # a second copy would write the same checkpoint and results.

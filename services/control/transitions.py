@@ -13,11 +13,10 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from services.control.context import ControlContext
 from services.control.errors import IllegalTransition, JobConflict, JobNotFound
 from services.control.lifecycle import allowed_next, can_transition
-from services.control.settings import ControlSettings
-from services.control.store import JobRecord, JobStore
-from shared.clock import Clock
+from services.control.store import JobRecord
 from shared.jobspec import JobSpec, spec_to_json
 from shared.jobstate import JobState
 from shared.metrics import CONTROL_JOB_TRANSITIONS
@@ -31,13 +30,8 @@ SHOULD_RUN = frozenset({JobState.RUNNING, JobState.CREATED, JobState.FAILING})
 
 
 class Transitions:
-    def __init__(
-        self, settings: ControlSettings, jobs: JobStore, clock: Clock, wake: Callable[[], None]
-    ) -> None:
-        self.settings = settings
-        self.jobs = jobs
-        self.clock = clock
-        self.wake = wake
+    def __init__(self, ctx: ControlContext) -> None:
+        self.ctx = ctx
 
     # --- the primitives ----------------------------------------------------------------------------
     def moved(self, job: JobRecord, state: JobState, message: str) -> JobRecord:
@@ -46,7 +40,7 @@ class Transitions:
             raise IllegalTransition(job.id, job.state, state, allowed_next(job.state))
         CONTROL_JOB_TRANSITIONS.labels(job.state.value, state.value).inc()
         log.info("job %s: %s -> %s (%s)", job.id, job.state, state, message)
-        return job.moved_to(state, self.clock(), message)
+        return job.moved_to(state, self.ctx.clock(), message)
 
     def move(
         self,
@@ -65,13 +59,13 @@ class Transitions:
             moved = self.moved(j, state, message)
             return moved.model_copy(update=changes) if changes else moved
 
-        return self.jobs.update(job_id, change)
+        return self.ctx.jobs.update(job_id, change)
 
     def note(self, job_id: str, message: str, retry_in_ms: int | None = None) -> None:
         """Say what is going on with the job without changing its state; hold retries back a while."""
-        now = self.clock()
-        backoff = self.settings.retry_backoff_ms if retry_in_ms is None else retry_in_ms
-        self.jobs.update(
+        now = self.ctx.clock()
+        backoff = self.ctx.settings.retry_backoff_ms if retry_in_ms is None else retry_in_ms
+        self.ctx.jobs.update(
             job_id,
             lambda j: j.model_copy(
                 update={"message": message, "updated_at_ms": now, "next_attempt_ms": now + backoff}
@@ -81,7 +75,7 @@ class Transitions:
     # --- what the REST API asks for -----------------------------------------------------------------
     def create(self, spec: JobSpec, from_savepoint: str) -> JobRecord:
         """Store a new job, CREATED (JobConflict while a job with that id is still active)."""
-        now = self.clock()
+        now = self.ctx.clock()
         record = JobRecord(
             id=spec.id,
             spec_json=spec_to_json(spec),
@@ -89,7 +83,7 @@ class Transitions:
             updated_at_ms=now,
             from_savepoint=from_savepoint,
         ).moved_to(JobState.CREATED, now, "submitted; waiting for a processor")
-        self.jobs.create(record)
+        self.ctx.jobs.create(record)
         CONTROL_JOB_TRANSITIONS.labels("", JobState.CREATED).inc()
         log.info("job %s submitted%s", spec.id, f" from savepoint {from_savepoint}" if from_savepoint else "")
         return record
@@ -108,7 +102,7 @@ class Transitions:
                 update={"savepoint_requested": False}
             )
 
-        return self._found(job_id, self.jobs.update(job_id, cancel))
+        return self._found(job_id, self.ctx.jobs.update(job_id, cancel))
 
     def request_savepoint(self, job_id: str, directory: str) -> JobRecord:
         """CANCELLING with a savepoint requested (into ``directory``, or the processor's default)."""
@@ -121,7 +115,7 @@ class Transitions:
             moved = self.moved(j, JobState.CANCELLING, "stop with savepoint requested")
             return moved.model_copy(update={"savepoint_requested": True, "savepoint_dir": directory})
 
-        return self._found(job_id, self.jobs.update(job_id, stop))
+        return self._found(job_id, self.ctx.jobs.update(job_id, stop))
 
     @staticmethod
     def _found(job_id: str, job: JobRecord | None) -> JobRecord:
@@ -132,7 +126,7 @@ class Transitions:
     # --- what commands and reports tell -----------------------------------------------------------
     def place(self, job_id: str, processor_id: str, now: int) -> JobRecord | None:
         """Record where a start goes (before it is sent, so a start that timed out is retried there)."""
-        return self.jobs.update(
+        return self.ctx.jobs.update(
             job_id,
             lambda j: (
                 j.model_copy(update={"processor": processor_id, "placed_at_ms": now})
@@ -143,7 +137,7 @@ class Transitions:
 
     def record_metrics(self, job_id: str, processor_id: str, metrics: dict[str, float], now: int) -> None:
         """The job's metrics as its processor reported them (ignored if it was placed elsewhere since)."""
-        self.jobs.update(
+        self.ctx.jobs.update(
             job_id,
             lambda j: (
                 j.model_copy(update={"metrics": metrics, "metrics_at_ms": now})
@@ -165,7 +159,7 @@ class Transitions:
                 update={"processor": processor_id, "placed_at_ms": now, "needs_start": False}
             )
 
-        self.jobs.update(job_id, adopt)
+        self.ctx.jobs.update(job_id, adopt)
 
     def restart(self, job_id: str, why: str) -> None:
         """The job should run but does not: FAILING, started again (same id: from its checkpoint)."""
@@ -180,12 +174,12 @@ class Transitions:
             )
             return moved.model_copy(update={"needs_start": True, "message": f"{why}; restarting it"})
 
-        self.jobs.update(job_id, restart)
-        self.wake()
+        self.ctx.jobs.update(job_id, restart)
+        self.ctx.wake()
 
     def count_failure(self, job_id: str, why: str) -> None:
         """Its processor gave up on the job: restart it, or FAILED after ``max_restarts``."""
-        limit = self.settings.max_restarts
+        limit = self.ctx.settings.max_restarts
 
         def fail(j: JobRecord) -> JobRecord | None:
             if j.state not in SHOULD_RUN or j.needs_start:
@@ -198,8 +192,8 @@ class Transitions:
                 update={"restarts": j.restarts + 1, "needs_start": True, "message": message}
             )
 
-        self.jobs.update(job_id, fail)
-        self.wake()
+        self.ctx.jobs.update(job_id, fail)
+        self.ctx.wake()
 
     def lose(self, job_id: str, processor_id: str) -> JobRecord | None:
         """The processor holding the job is gone: FAILING, restarted when a processor is there."""
@@ -211,7 +205,7 @@ class Transitions:
                 return None
             why = (
                 f"processor {j.processor or '-'} lost (no heartbeat for over "
-                f"{self.settings.heartbeat_timeout_ms} ms); the job restarts from its checkpoint when a "
+                f"{self.ctx.settings.heartbeat_timeout_ms} ms); the job restarts from its checkpoint when a "
                 "processor is available"
             )
             moved = j if j.state == JobState.FAILING else self.moved(j, JobState.FAILING, why)
@@ -219,11 +213,11 @@ class Transitions:
                 update={"recoveries": j.recoveries + 1, "needs_start": True, "message": why}
             )
 
-        return self.jobs.update(job_id, lose)
+        return self.ctx.jobs.update(job_id, lose)
 
     def finish_stop(self, job_id: str, savepoint_path: str, why: str) -> None:
         """A CANCELLING job stopped: FINISHED with its savepoint if it asked for one, else CANCELED."""
-        job = self.jobs.get(job_id)
+        job = self.ctx.jobs.get(job_id)
         if job is None:
             return
         cancelling = {JobState.CANCELLING}
@@ -241,7 +235,7 @@ class Transitions:
             )
         else:
             self.move(job_id, JobState.CANCELED, f"{why}", only_from=cancelling)
-        self.wake()
+        self.ctx.wake()
 
     def cancel_not_running(self, job: JobRecord, why: str) -> None:
         """A CANCELLING job its processor does not run (any more): CANCELED (and no savepoint)."""

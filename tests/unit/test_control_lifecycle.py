@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import orjson
 import pytest
+import redis
 
+from services.control.context import ControlContext
 from services.control.dispatch import specs_digest
 from services.control.errors import IllegalTransition
 from services.control.lifecycle import TRANSITIONS, allowed_next, can_transition
-from services.control.store import JobRecord
+from services.control.peers import Peers
+from services.control.settings import ControlSettings
+from services.control.store import InstanceStore, JobRecord, JobStore
 from services.control.transitions import Transitions
 from shared.jobspec import JobSpec, spec_to_json
 from shared.jobstate import FINAL_STATES, JobState
@@ -64,8 +68,9 @@ def test_transitions(current: JobState, wanted: JobState, legal: bool) -> None:
 
 def test_an_illegal_transition_is_refused_with_the_allowed_ones() -> None:
     job = JobRecord(id="j", spec_json="{}", state=JobState.CANCELED, created_at_ms=1, updated_at_ms=1)
-    transitions = Transitions.__new__(Transitions)  # only moved() is used: no store, no threads
-    transitions.clock = lambda: 5
+    client = redis.Redis()  # never connected: moved() only checks and records, it stores nothing
+    stores = JobStore(client), InstanceStore(client)
+    transitions = Transitions(ControlContext(ControlSettings(), *stores, Peers(), lambda: 5, lambda: None))
     with pytest.raises(IllegalTransition) as err:
         transitions.moved(job, JobState.RUNNING, "why")
     assert err.value.http_status == 409
