@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
+from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -447,6 +448,10 @@ def parse_job_spec(text: str | bytes, *, yaml_format: bool = False) -> JobSpec:
         raise SpecError(f"job spec is not valid {'YAML' if yaml_format else 'JSON'}: {e}") from e
     if not isinstance(raw, dict):
         raise SpecError("job spec must be a mapping at the top level")
+    return _validate(raw)
+
+
+def _validate(raw: dict[str, Any]) -> JobSpec:
     try:
         return JobSpec.model_validate(raw)
     except ValidationError as e:
@@ -457,5 +462,23 @@ def parse_job_spec(text: str | bytes, *, yaml_format: bool = False) -> JobSpec:
 
 
 def spec_to_json(spec: JobSpec) -> str:
-    """The spec as JSON that parse_job_spec reads back to an equal spec."""
+    """The spec's canonical JSON text: the one form a spec is stored and sent in between services."""
     return spec.model_dump_json(by_alias=True, exclude_none=True)
+
+
+@lru_cache(maxsize=256)
+def spec_from_json(text: str) -> JobSpec:
+    """The spec of a canonical JSON text (``spec_to_json``), parsed once per process and text.
+
+    Control's job store and the StartJob and ApplyStreams requests carry specs as that text; the same
+    few texts come again and again (every ApplyStreams repeats every active job's), so each is parsed
+    and validated once. JobSpec is frozen: the cached object is safe to share.
+    """
+    return parse_job_spec(text)
+
+
+def with_id(spec: JobSpec, job_id: str) -> JobSpec:
+    """The same spec under another job id (validated like any spec)."""
+    if job_id == spec.id:
+        return spec
+    return _validate({**spec.model_dump(mode="json", by_alias=True, exclude_none=True), "id": job_id})

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Iterable
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from shared import constants
+from shared.clock import wall_clock_ms
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +127,7 @@ def dead_letter_headers(
         (constants.HDR_SOURCE_PARTITION, str(partition).encode()),
         (constants.HDR_SOURCE_OFFSET, str(offset).encode()),
         (constants.HDR_SERVICE, service.encode()),
-        (constants.HDR_ERROR_TIME_MS, str(int(time.time() * 1000)).encode()),
+        (constants.HDR_ERROR_TIME_MS, str(wall_clock_ms()).encode()),
     ]
 
 
@@ -150,7 +150,7 @@ def dead_letter_headers_at(
         (constants.HDR_SOURCE_PARTITION, str(partition).encode()),
         (constants.HDR_SOURCE_OFFSET, str(offset).encode()),
         (constants.HDR_SERVICE, service.encode()),
-        (constants.HDR_ERROR_TIME_MS, str(int(time.time() * 1000)).encode()),
+        (constants.HDR_ERROR_TIME_MS, str(wall_clock_ms()).encode()),
     ]
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 
 from services.control.errors import ControlError, StoreUnavailable
-from services.control.manager import JobManager
+from services.control.registry import Registry
 from shared.grpc_server import GrpcServices, HealthServedGrpcServer
 from shared.proto import streamforge_pb2 as pb
 from shared.proto import streamforge_pb2_grpc as pb_grpc
@@ -35,8 +35,8 @@ def peer_host(context: grpc.ServicerContext) -> str | None:
 
 
 class RegistryServicer(pb_grpc.RegistryServicer):
-    def __init__(self, manager: JobManager) -> None:
-        self.manager = manager
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
 
     def Register(self, request: pb.RegisterRequest, context: grpc.ServicerContext) -> pb.RegisterResponse:
         instance = request.instance
@@ -51,7 +51,7 @@ class RegistryServicer(pb_grpc.RegistryServicer):
             instance.CopyFrom(request.instance)
             instance.host = peer_host(context) or instance.host
         try:
-            interval_ms = self.manager.register(instance)
+            interval_ms = self.registry.register(instance)
         except StoreUnavailable as e:
             context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
         except ControlError as e:
@@ -61,7 +61,7 @@ class RegistryServicer(pb_grpc.RegistryServicer):
     def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.ServicerContext) -> pb.HeartbeatResponse:
         self._check_owner(request.instance_id, context)
         try:
-            known = self.manager.heartbeat(request)
+            known = self.registry.heartbeat(request)
         except StoreUnavailable as e:
             context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
         return pb.HeartbeatResponse(known=known)
@@ -71,7 +71,7 @@ class RegistryServicer(pb_grpc.RegistryServicer):
     ) -> pb.DeregisterResponse:
         self._check_owner(request.instance_id, context)
         try:
-            self.manager.deregister(request.instance_id)
+            self.registry.deregister(request.instance_id)
         except StoreUnavailable as e:
             context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
         return pb.DeregisterResponse()
@@ -82,7 +82,7 @@ class RegistryServicer(pb_grpc.RegistryServicer):
         if who is None:
             return
         try:
-            record = self.manager.instances.get(instance_id)
+            record = self.registry.ctx.instances.get(instance_id)
         except StoreUnavailable as e:
             context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
         if record is not None and record.service != who:
@@ -97,13 +97,13 @@ class ControlGrpcServer:
 
     def __init__(
         self,
-        manager: JobManager,
+        registry: Registry,
         host: str,
         port: int,
         interceptors: Sequence[Any] = (),
         tls: TlsIdentity | None = None,
     ) -> None:
-        self.manager = manager
+        self.registry = registry
         self.host = host
         self.wanted_port = port
         self.interceptors = [*([authorizing_interceptor()] if tls else []), *interceptors]
@@ -112,7 +112,7 @@ class ControlGrpcServer:
         self.port = 0
 
     def start(self) -> None:
-        servicer = RegistryServicer(self.manager)
+        servicer = RegistryServicer(self.registry)
         self.server = HealthServedGrpcServer(
             "control",
             self.host,

@@ -1,4 +1,4 @@
-"""Job states and the transitions between them, as the design documents' JobManager names them.
+"""Which job state may follow which: the transition table of the design documents' JobManager.
 
 CREATED ──► RUNNING ──► CANCELLING ──► CANCELED
    │           │  ▲          │ └──────► FINISHED (stopped with a savepoint)
@@ -12,40 +12,7 @@ FAILED, CANCELED and FINISHED are final: only a new submission with the same id 
 
 from __future__ import annotations
 
-from enum import StrEnum
-
-from shared.proto import streamforge_pb2 as pb
-
-
-class JobState(StrEnum):
-    CREATED = "CREATED"
-    RUNNING = "RUNNING"
-    FAILING = "FAILING"
-    FAILED = "FAILED"
-    CANCELLING = "CANCELLING"
-    CANCELED = "CANCELED"
-    FINISHED = "FINISHED"
-
-    @property
-    def is_final(self) -> bool:
-        return self in FINAL_STATES
-
-    def to_proto(self) -> int:
-        return pb.JobState.Value(f"JOB_STATE_{self.value}")
-
-    @classmethod
-    def from_proto(cls, value: int) -> JobState | None:
-        """None for JOB_STATE_UNSPECIFIED (or a state a newer peer added)."""
-        try:
-            name = pb.JobState.Name(value)
-        except ValueError:
-            return None
-        return cls.__members__.get(name.removeprefix("JOB_STATE_"))
-
-
-FINAL_STATES = frozenset({JobState.FAILED, JobState.CANCELED, JobState.FINISHED})
-# Jobs that should be running, or soon: their specs are the ones pushed to ingest and the sink.
-ACTIVE_STATES = frozenset({JobState.CREATED, JobState.RUNNING, JobState.FAILING, JobState.CANCELLING})
+from shared.jobstate import JobState
 
 TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.CREATED: frozenset(

@@ -1,4 +1,4 @@
-"""The control plane as one object: Redis, job store, registry, JobManager and gRPC server.
+"""The control plane as one object: Redis, job store, JobManager (with its registry) and gRPC server.
 
 The FastAPI app starts it in its lifespan and stops it on shutdown; tests build one with their own
 settings (gRPC port 0 picks a free port).
@@ -13,10 +13,11 @@ import redis
 from opentelemetry import trace
 
 from services.control.grpc_server import ControlGrpcServer
-from services.control.manager import Clock, JobManager, wall_clock_ms
+from services.control.manager import JobManager
 from services.control.peers import Peers
 from services.control.settings import ControlSettings
 from services.control.store import InstanceStore, JobStore
+from shared.clock import Clock, wall_clock_ms
 from shared.tls import TlsIdentity
 from shared.tracing import grpc_client_interceptor, grpc_server_interceptor
 
@@ -42,7 +43,9 @@ class ControlPlane:
         # With a TLS identity (shared/tls.py) every gRPC call both ways is mutually authenticated.
         self.peers = Peers(client, tls)
         self.manager = JobManager(settings, self.jobs, self.instances, self.peers, clock=clock)
-        self.grpc = ControlGrpcServer(self.manager, settings.grpc_host, settings.grpc_port, server, tls)
+        self.grpc = ControlGrpcServer(
+            self.manager.registry, settings.grpc_host, settings.grpc_port, server, tls
+        )
         self.started = False
         self._users = 0  # an app's lifespan may run more than once at a time (test clients)
         self._lock = threading.Lock()

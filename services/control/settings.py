@@ -76,6 +76,11 @@ class ControlSettings(BaseServiceSettings):
                 raise ValueError("every token in SF_CONTROL_TOKENS needs at least one scope (read, write)")
         return self
 
+    def report_grace_ms(self) -> int:
+        """How long a processor's reports may leave out a job it was just sent: a heartbeat may have
+        been built before the StartJob it crossed."""
+        return 2 * self.heartbeat_interval_ms + self.sweep_interval_ms
+
     def allowed_savepoint_roots(self) -> list[Path]:
         roots = self.savepoint_roots or [str(Path(self.data_dir) / "savepoints")]
         return [Path(os.path.normpath(Path(r).resolve())) for r in roots]

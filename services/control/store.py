@@ -12,11 +12,12 @@ from typing import Any, Generic, Literal, TypeVar
 
 import orjson
 import redis
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from services.control.errors import JobConflict, StoreUnavailable
-from services.control.lifecycle import JobState
 from shared import constants
+from shared.jobspec import JobSpec, spec_from_json
+from shared.jobstate import JobState
 
 HISTORY_LIMIT = 50
 
@@ -31,7 +32,9 @@ class JobRecord(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     id: str
-    spec: dict[str, Any]  # the validated spec, as JSON (aliases applied): what StartJob sends
+    # The validated spec's canonical JSON text (shared.jobspec.spec_to_json): what StartJob and
+    # ApplyStreams send as is; ``spec`` gives it parsed.
+    spec_json: str
     state: JobState = JobState.CREATED
     message: str = ""  # why the job is in its state (FAILING, FAILED, CANCELED...)
     processor: str = ""  # instance id of the processor the job was last placed on
@@ -54,9 +57,21 @@ class JobRecord(BaseModel):
     metrics_at_ms: int = 0
     history: list[Transition] = Field(default_factory=list)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _spec_as_text(cls, data: Any) -> Any:
+        # Records written before specs were kept as text hold the spec as a JSON object.
+        # orjson keeps the object's key order, so the text is the one spec_to_json wrote then.
+        if isinstance(data, dict) and "spec_json" not in data and isinstance(data.get("spec"), dict):
+            spec = data["spec"]
+            data = {k: v for k, v in data.items() if k != "spec"}
+            data["spec_json"] = orjson.dumps(spec).decode()
+        return data
+
     @property
-    def spec_json(self) -> str:
-        return orjson.dumps(self.spec).decode()
+    def spec(self) -> JobSpec:
+        """The spec, parsed once per process (SpecError if it no longer validates)."""
+        return spec_from_json(self.spec_json)
 
     def moved_to(self, state: JobState, now_ms: int, message: str = "") -> JobRecord:
         """A copy in ``state`` with the transition recorded (legality is the caller's check)."""
@@ -224,6 +239,17 @@ class InstanceStore:
 
     def get(self, instance_id: str) -> InstanceRecord | None:
         return self._records.get(instance_id)
+
+    def alive(self, service: str | None = None) -> list[InstanceRecord]:
+        """The instances that heartbeat (of one service, if given)."""
+        return [i for i in self.list() if i.health == "alive" and (service is None or i.service == service)]
+
+    def alive_ids(self) -> set[str]:
+        return {i.instance_id for i in self.alive()}
+
+    def is_alive(self, instance_id: str) -> bool:
+        record = self.get(instance_id) if instance_id else None
+        return record is not None and record.health == "alive"
 
     def list(self) -> list[InstanceRecord]:
         try:

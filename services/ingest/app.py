@@ -42,14 +42,9 @@ from services.ingest.settings import IngestSettings
 from services.ingest.streams import StreamDefinition, merge_streams
 from services.ingest.tracing import ReceiveSpans, RecordGate
 from services.ingest.validate import RecordPolicy, RecordValidator, Rejection, ValidEvent
-from services.ingest.watermark import (
-    NowGetter,
-    PartitionProgress,
-    StreamWatermark,
-    WatermarkSnapshot,
-    wall_clock_ms,
-)
+from services.ingest.watermark import PartitionProgress, StreamWatermark, WatermarkSnapshot
 from shared import constants
+from shared.clock import Clock, wall_clock_ms
 from shared.jobspec import Source
 from shared.kafka import (
     close_consumer,
@@ -100,7 +95,7 @@ class Ingest:
         self,
         settings: IngestSettings,
         streams: Iterable[StreamDefinition],
-        now_ms: NowGetter = wall_clock_ms,
+        now_ms: Clock = wall_clock_ms,
         tracer: trace.Tracer | None = None,
     ) -> None:
         self.settings = settings

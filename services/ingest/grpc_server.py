@@ -11,7 +11,7 @@ from services.ingest.errors import IngestError, StreamConfigError
 from services.ingest.streams import StreamDefinition
 from shared.errors import SpecError
 from shared.grpc_server import GrpcServices
-from shared.jobspec import parse_job_spec
+from shared.jobspec import spec_from_json
 from shared.proto import streamforge_pb2 as pb
 from shared.proto import streamforge_pb2_grpc as pb_grpc
 
@@ -30,7 +30,7 @@ class StreamConfigService(pb_grpc.StreamConfigServicer):
         """Ingest the streams of these job specs (plus the locally configured ones), and only those."""
         try:
             definitions = [
-                d for text in request.job_spec_json for d in StreamDefinition.of_job(parse_job_spec(text))
+                d for text in request.job_spec_json for d in StreamDefinition.of_job(spec_from_json(text))
             ]
             topics = self.ingest.apply_streams(definitions, self.apply_timeout_s)
         except (SpecError, StreamConfigError) as e:

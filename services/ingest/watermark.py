@@ -16,19 +16,12 @@ are known from what those replicas last committed (``set_remote``) and count the
 from __future__ import annotations
 
 import copy
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-NowGetter = Callable[[], int]  # processing time, epoch milliseconds
 METADATA_VERSION = 1
-
-
-def wall_clock_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 @dataclass(slots=True)

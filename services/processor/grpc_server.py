@@ -12,7 +12,6 @@ from collections.abc import Callable
 from typing import NoReturn, TypeVar
 
 import grpc
-import orjson
 
 from services.processor import savepoints
 from services.processor.errors import (
@@ -22,10 +21,10 @@ from services.processor.errors import (
     ProcessorError,
     SavepointError,
 )
-from services.processor.jobs import JobManager, JobState, JobView
+from services.processor.jobs import JobManager, JobView
 from shared.errors import SpecError
 from shared.grpc_server import GrpcServices
-from shared.jobspec import JobSpec, parse_job_spec, spec_to_json
+from shared.jobspec import JobSpec, spec_from_json, with_id
 from shared.proto import streamforge_pb2 as pb
 from shared.proto import streamforge_pb2_grpc as pb_grpc
 
@@ -33,21 +32,11 @@ log = logging.getLogger(__name__)
 JOB_COMMANDS_SERVICE = "streamforge.v1.JobCommands"
 T = TypeVar("T")
 
-_STATES = {
-    JobState.CREATED: pb.JOB_STATE_CREATED,
-    JobState.RUNNING: pb.JOB_STATE_RUNNING,
-    JobState.FAILING: pb.JOB_STATE_FAILING,
-    JobState.FAILED: pb.JOB_STATE_FAILED,
-    JobState.CANCELLING: pb.JOB_STATE_CANCELLING,
-    JobState.CANCELED: pb.JOB_STATE_CANCELED,
-    JobState.FINISHED: pb.JOB_STATE_FINISHED,
-}
-
 
 def to_proto(view: JobView) -> pb.JobStatus:
     status = pb.JobStatus(
         job_id=view.job_id,
-        state=_STATES[view.state],
+        state=view.state.to_proto(),
         message=view.message,
         savepoint_path=view.savepoint_path,
     )
@@ -72,15 +61,12 @@ def to_proto(view: JobView) -> pb.JobStatus:
 def spec_of(request: pb.StartJobRequest, savepoint_spec: Callable[[str], JobSpec]) -> JobSpec:
     """The request's spec under the request's job id (a restore may rename a job)."""
     if request.spec_json:
-        spec = parse_job_spec(request.spec_json)
+        spec = spec_from_json(request.spec_json)
     elif request.from_savepoint:
         spec = savepoint_spec(request.from_savepoint)  # no spec: run the savepoint's own
     else:
         raise SpecError("StartJob needs spec_json (or from_savepoint to run the savepoint's spec)")
-    if request.job_id and request.job_id != spec.id:
-        renamed = {**orjson.loads(spec_to_json(spec)), "id": request.job_id}
-        spec = parse_job_spec(orjson.dumps(renamed))
-    return spec
+    return with_id(spec, request.job_id) if request.job_id else spec
 
 
 def _abort(context: grpc.ServicerContext, e: Exception) -> NoReturn:

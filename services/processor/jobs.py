@@ -19,7 +19,6 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 
 from py4j.protocol import Py4JError
@@ -41,25 +40,11 @@ from services.processor.settings import ProcessorSettings
 from services.processor.store import JobStore, StoredJob
 from shared.errors import SpecError
 from shared.jobspec import JobSpec
+from shared.jobstate import ACTIVE_STATES, JobState
 from shared.kafka import ensure_topics
 from shared.paths import refusal, under_roots
 
 log = logging.getLogger(__name__)
-
-
-class JobState(StrEnum):
-    """The states of streamforge.v1.JobState (Flink's job states)."""
-
-    CREATED = "CREATED"
-    RUNNING = "RUNNING"
-    FAILING = "FAILING"
-    FAILED = "FAILED"
-    CANCELLING = "CANCELLING"
-    CANCELED = "CANCELED"
-    FINISHED = "FINISHED"
-
-
-ACTIVE = frozenset({JobState.CREATED, JobState.RUNNING, JobState.FAILING, JobState.CANCELLING})
 
 
 @dataclass
@@ -186,7 +171,7 @@ class JobManager:
         with self._command_lock:
             with self._table_lock:
                 current = self._jobs.get(spec.id)
-            if current is not None and current.state in ACTIVE:
+            if current is not None and current.state in ACTIVE_STATES:
                 raise JobStateError(f"job {spec.id} is already {current.state}")
             self.check_savepoint_path(from_savepoint, "from_savepoint")
             savepoint = savepoints.load(from_savepoint) if from_savepoint else None
@@ -249,7 +234,7 @@ class JobManager:
                 raise JobNotFoundError(f"no job {job_id!r} on this processor")
             if savepoint:
                 self.check_savepoint_path(savepoint_dir, "savepoint_dir")
-            if job.state not in ACTIVE:
+            if job.state not in ACTIVE_STATES:
                 if savepoint:
                     raise JobStateError(f"job {job_id} is {job.state}: a savepoint needs a running job")
                 return self._view(job)

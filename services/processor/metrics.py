@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -29,6 +28,7 @@ from prometheus_client import Counter, Gauge
 from pyspark.sql.streaming import StreamingQueryListener
 
 from services.processor.tracing import SPARK_OBSERVATION, spark_progress_times
+from shared.clock import wall_clock_ms
 from shared.metrics import (
     CHECKPOINT_DURATION,
     CONSUMER_LAG,
@@ -195,7 +195,7 @@ class JobMetricsListener(StreamingQueryListener):
         COMMIT_DURATION_MS.labels(job).set(m.commit_duration_ms)
         if m.watermark_ms is not None:
             WATERMARK_MS.labels(job).set(m.watermark_ms)
-            now = now_ms if now_ms is not None else int(time.time() * 1000)
+            now = now_ms if now_ms is not None else wall_clock_ms()
             WATERMARK_LAG_MS.labels(SERVICE, job).set(now - m.watermark_ms)
         if m.rows_dropped_by_watermark:
             ROWS_DROPPED_BY_WATERMARK.labels(job).inc(m.rows_dropped_by_watermark)

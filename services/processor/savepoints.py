@@ -25,6 +25,7 @@ import orjson
 import pyspark
 
 from services.processor.errors import SavepointError
+from shared.clock import wall_clock_ms
 from shared.jobspec import JobSpec, parse_job_spec, spec_to_json
 
 FORMAT_VERSION = 1
@@ -95,7 +96,7 @@ def take(checkpoint: Path, spec: JobSpec, epoch: int, savepoint_root: Path) -> S
     if not (checkpoint / "metadata").exists():
         raise SavepointError(f"job {spec.id} has no checkpoint at {checkpoint} yet; nothing to save")
     committed = last_committed_batch(checkpoint)
-    created = int(time.time() * 1000)
+    created = wall_clock_ms()
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(created / 1000))
     name = f"{spec.id}-{stamp}-{created % 1000:03d}-b{committed if committed is not None else 'none'}"
     final = savepoint_root / name
@@ -164,7 +165,7 @@ def restore(savepoint: Savepoint, checkpoint: Path, job_id: str, epoch: int) -> 
     """
     moved: Path | None = None
     if checkpoint.exists():
-        moved = checkpoint.with_name(f"{checkpoint.name}.replaced-{int(time.time() * 1000)}")
+        moved = checkpoint.with_name(f"{checkpoint.name}.replaced-{wall_clock_ms()}")
         os.replace(checkpoint, moved)
     tmp = checkpoint.with_name(f".{checkpoint.name}.restoring")
     shutil.rmtree(tmp, ignore_errors=True)

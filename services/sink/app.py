@@ -35,6 +35,7 @@ from services.sink.settings import SinkSettings
 from services.sink.store import ResultStore
 from services.sink.tracing import redis_write_span
 from shared import constants
+from shared.clock import wall_clock_ms
 from shared.jobspec import JobSpec
 from shared.kafka import (
     close_consumer,
@@ -434,7 +435,7 @@ class Sink:
             (constants.HDR_SOURCE_PARTITION, str(entry.partition).encode()),
             (constants.HDR_SOURCE_OFFSET, str(entry.offset).encode()),
             (constants.HDR_SERVICE, SERVICE.encode()),
-            (constants.HDR_ERROR_TIME_MS, str(int(time.time() * 1000)).encode()),
+            (constants.HDR_ERROR_TIME_MS, str(wall_clock_ms()).encode()),
         ]
         key = f"{r.job_id}|{r.key}".encode()
         self._produce_dead_letter(entry.topic, key, r.to_json(), headers)

@@ -10,7 +10,7 @@ from services.sink.app import Sink
 from services.sink.errors import SinkError
 from shared.errors import SpecError
 from shared.grpc_server import GrpcServices
-from shared.jobspec import parse_job_spec
+from shared.jobspec import spec_from_json
 from shared.proto import streamforge_pb2 as pb
 from shared.proto import streamforge_pb2_grpc as pb_grpc
 
@@ -27,7 +27,7 @@ class StreamConfigService(pb_grpc.StreamConfigServicer):
     ) -> pb.ApplyStreamsResponse:
         """Sink the output topics of these jobs' window results (plus the configured topics)."""
         try:
-            specs = [parse_job_spec(text) for text in request.job_spec_json]
+            specs = [spec_from_json(text) for text in request.job_spec_json]
             topics = self.sink.apply_streams(specs)
         except SpecError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))

@@ -13,7 +13,6 @@ The compare-and-set is a Redis Function (FUNCTION LOAD / FCALL) rather than an E
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -21,6 +20,7 @@ import orjson
 import redis
 
 from shared import constants
+from shared.clock import wall_clock_ms
 from shared.records import WindowResult
 
 LIBRARY = "streamforge_sink"
@@ -135,7 +135,7 @@ class ResultStore:
 
     def _send(self, results: Sequence[WindowResult]) -> list[object]:
         pipe = self.client.pipeline(transaction=False)
-        now_ms = int(time.time() * 1000)
+        now_ms = wall_clock_ms()
         ttl = self.window_ttl_ms
         for r in results:
             args: list[str | int | bytes] = [

@@ -459,3 +459,12 @@ def test_dashboard_shows_ingest_topics_under_the_job_that_reads_them(
     assert f"{unique}-clicks" not in before
     assert submit(api, spec(unique)).status_code == 201
     assert _dashboard_sources(plane).label_aliases()[f"{unique}-clicks"] == unique
+
+
+def test_dashboard_shows_only_active_jobs(api: TestClient, unique: str) -> None:
+    kept, canceled = f"{unique}-a", f"{unique}-b"
+    for job_id in (kept, canceled):
+        assert submit(api, spec(job_id)).status_code == 201  # no processor: CREATED
+    assert api.post(f"/jobs/{canceled}/cancel", headers=auth()).json()["state"] == "CANCELED"
+    shown = {j["job"] for j in api.get("/dashboard/data").json()["jobs"]}
+    assert kept in shown and canceled not in shown

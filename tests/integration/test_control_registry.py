@@ -15,10 +15,10 @@ import pytest
 from fastapi.testclient import TestClient
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.control.lifecycle import JobState
 from services.control.plane import ControlPlane
 from shared import constants
 from shared.jobspec import JobSpec
+from shared.jobstate import JobState
 from shared.proto import streamforge_pb2 as pb
 from shared.proto import streamforge_pb2_grpc as pb_grpc
 from shared.registry import Registration, start_registration

@@ -14,7 +14,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 from services.control.dashboard import DashboardSources
 from services.control.dashboard.data import collect
+from services.control.store import JobRecord, JobStore
 from shared import constants
+from shared.jobstate import JobState
 
 pytestmark = pytest.mark.integration
 
@@ -121,3 +123,24 @@ def test_replicas_add_up_duplicates_count_once_failures_are_named(
         key: [float(expected[key][s]) for s in latest] for key in ("/a", "/b")
     }
     assert [s["key"] for s in chart["series"]] == ["/a", "/b"]  # biggest first
+
+
+def test_ended_jobs_are_hidden_while_their_metrics_linger(
+    instances: list[_Instance], redis_client: redis.Redis, unique: str
+) -> None:
+    processor = instances[2]
+    running, canceled, from_file = f"{unique}-run", f"{unique}-done", f"{unique}-file"
+    store = JobStore(redis_client)
+    for job_id, state in ((running, JobState.RUNNING), (canceled, JobState.CANCELED)):
+        store.create(JobRecord(id=job_id, spec_json="{}", state=state, created_at_ms=1, updated_at_ms=1))
+    for job_id in (canceled, from_file):  # a stopped query's series stay on the processor's /metrics
+        processor.records.labels("processor", job_id).inc(10)
+    sources = DashboardSources(metrics_urls={"processor": processor.url}, redis=redis_client)
+    try:
+        shown = {j["job"] for j in asyncio.run(collect(sources, now=100.0))["jobs"]}
+    finally:  # the job store is control's: leave it as it was
+        for job_id in (running, canceled):
+            redis_client.delete(constants.redis_control_job_key(job_id))
+            redis_client.zrem(constants.REDIS_CONTROL_JOBS, job_id)
+    assert running in shown and from_file in shown  # active in control, or known by its metrics only
+    assert canceled not in shown

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import orjson
 import pytest
+import redis
 
+from services.control.context import ControlContext
+from services.control.dispatch import specs_digest
 from services.control.errors import IllegalTransition
-from services.control.lifecycle import FINAL_STATES, TRANSITIONS, JobState, allowed_next, can_transition
-from services.control.manager import JobManager, specs_digest
-from services.control.store import JobRecord
+from services.control.lifecycle import TRANSITIONS, allowed_next, can_transition
+from services.control.peers import Peers
+from services.control.settings import ControlSettings
+from services.control.store import InstanceStore, JobRecord, JobStore
+from services.control.transitions import Transitions
+from shared.jobspec import JobSpec, spec_to_json
+from shared.jobstate import FINAL_STATES, JobState
 from shared.proto import streamforge_pb2 as pb
 
 
@@ -59,20 +67,21 @@ def test_transitions(current: JobState, wanted: JobState, legal: bool) -> None:
 
 
 def test_an_illegal_transition_is_refused_with_the_allowed_ones() -> None:
-    job = JobRecord(id="j", spec={}, state=JobState.CANCELED, created_at_ms=1, updated_at_ms=1)
-    manager = JobManager.__new__(JobManager)  # only _moved is used: no store, no threads
-    manager.clock = lambda: 5
+    job = JobRecord(id="j", spec_json="{}", state=JobState.CANCELED, created_at_ms=1, updated_at_ms=1)
+    client = redis.Redis()  # never connected: moved() only checks and records, it stores nothing
+    stores = JobStore(client), InstanceStore(client)
+    transitions = Transitions(ControlContext(ControlSettings(), *stores, Peers(), lambda: 5, lambda: None))
     with pytest.raises(IllegalTransition) as err:
-        manager._moved(job, JobState.RUNNING, "why")
+        transitions.moved(job, JobState.RUNNING, "why")
     assert err.value.http_status == 409
     assert "is CANCELED: it cannot become RUNNING; from CANCELED it can go to nothing" in str(err.value)
-    moved = manager._moved(job.model_copy(update={"state": JobState.RUNNING}), JobState.FAILING, "lost")
+    moved = transitions.moved(job.model_copy(update={"state": JobState.RUNNING}), JobState.FAILING, "lost")
     assert (moved.state, moved.message, moved.updated_at_ms) == (JobState.FAILING, "lost", 5)
     assert moved.history[-1].state == JobState.FAILING
 
 
 def test_history_is_bounded() -> None:
-    job = JobRecord(id="j", spec={}, created_at_ms=0, updated_at_ms=0)
+    job = JobRecord(id="j", spec_json="{}", created_at_ms=0, updated_at_ms=0)
     for i in range(120):
         job = job.moved_to(JobState.RUNNING if i % 2 else JobState.FAILING, i)
     assert len(job.history) == 50
@@ -83,3 +92,24 @@ def test_specs_digest_changes_with_the_specs_only() -> None:
     assert specs_digest(["a", "b"]) == specs_digest(["a", "b"])
     assert specs_digest(["a", "b"]) != specs_digest(["ab"])
     assert specs_digest([]) != specs_digest([""])
+
+
+def test_a_record_of_the_previous_version_loads_with_its_spec_as_text() -> None:
+    spec = JobSpec.model_validate(
+        {
+            "id": "j",
+            "source": {
+                "topic": "clicks",
+                "fields": {"ts": "timestamp"},
+                "key": ["ts"],
+                "event_time": {"field": "ts"},
+            },
+            "window": {"type": "tumbling", "size": "10s"},
+        }
+    )
+    # What the previous version wrote: the spec as a JSON object inside the record.
+    old = {"id": "j", "spec": orjson.loads(spec_to_json(spec)), "state": "RUNNING", "created_at_ms": 1}
+    job = JobRecord.model_validate_json(orjson.dumps({**old, "updated_at_ms": 2}))
+    assert job.spec_json == spec_to_json(spec) and job.spec == spec
+    assert job.state == JobState.RUNNING
+    assert "spec" not in orjson.loads(job.model_dump_json())  # written back in the new form

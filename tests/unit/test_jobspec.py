@@ -13,7 +13,9 @@ from shared.jobspec import (
     load_job_spec,
     parse_duration_ms,
     parse_job_spec,
+    spec_from_json,
     spec_to_json,
+    with_id,
 )
 from shared.settings import BaseServiceSettings
 
@@ -262,6 +264,20 @@ def test_every_spec_round_trips_through_json() -> None:
         spec = load_job_spec(path)
         assert parse_job_spec(spec_to_json(spec)) == spec, path.name
         assert JobSpec.model_validate(spec.model_dump(mode="json", by_alias=True)) == spec, path.name
+
+
+def test_a_spec_text_is_parsed_once_and_renamed_with_validation() -> None:
+    spec = parse_job_spec(SPEC, yaml_format=True)
+    text = spec_to_json(spec)
+    assert spec_from_json(text) == spec
+    assert spec_from_json(text) is spec_from_json(text)  # the same text is not parsed again
+    with pytest.raises(SpecError, match="not valid JSON"):
+        spec_from_json("{not json")
+    renamed = with_id(spec, "clicks-b")
+    assert renamed.id == "clicks-b" and renamed.model_copy(update={"id": "clicks"}) == spec
+    assert with_id(spec, spec.id) is spec
+    with pytest.raises(SpecError, match="id"):
+        with_id(spec, "Not An Id")
 
 
 def test_shipped_examples_cover_every_job_kind() -> None:

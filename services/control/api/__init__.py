@@ -17,7 +17,10 @@ from services.control.dashboard.settings import DashboardSettings
 from services.control.errors import ControlError
 from services.control.plane import ControlPlane
 from services.control.settings import ControlSettings
+from services.control.store import JobRecord
+from shared.errors import SpecError
 from shared.jobspec import JobSpec
+from shared.jobstate import ACTIVE_STATES
 from shared.tls import TlsIdentity
 from shared.tracing import fastapi_telemetry
 
@@ -102,10 +105,10 @@ def _dashboard_sources(control: ControlPlane) -> dashboard.DashboardSources:
 
     def aliases() -> dict[str, str]:
         # Ingest labels its metrics by raw topic: show them under the job that reads that topic.
+        # An active job wins a topic an ended one read too (the dashboard hides ended jobs).
         try:
-            from_jobs = {
-                str(topic): job.id for job in control.jobs.list() for topic in _source_topics(job.spec)
-            }
+            jobs = sorted(control.jobs.list(), key=lambda j: j.state in ACTIVE_STATES)
+            from_jobs = {topic: job.id for job in jobs for topic in _source_topics(job)}
         except ControlError:
             from_jobs = {}
         return {**from_jobs, **configured.aliases}
@@ -121,9 +124,9 @@ def _dashboard_sources(control: ControlPlane) -> dashboard.DashboardSources:
     )
 
 
-def _source_topics(spec: dict[str, Any]) -> list[str]:
-    """Raw topics of a stored spec (its source, and a join's second source)."""
-    topics = [spec.get("source", {}).get("topic")]
-    join = spec.get("join") or {}
-    topics.append((join.get("source") or {}).get("topic"))
-    return [t for t in topics if t]
+def _source_topics(job: JobRecord) -> list[str]:
+    """Raw topics the job reads (its source, and a join's second source)."""
+    try:
+        return [source.topic for source in job.spec.sources]
+    except SpecError:  # stored by an older version and no longer valid: it runs nowhere
+        return []

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 from pydantic import BaseModel, Field
 
-from services.control.lifecycle import JobState
 from services.control.store import InstanceRecord, JobRecord, Transition
+from shared.jobstate import JobState
 
 
 class ErrorOut(BaseModel):
@@ -37,7 +38,10 @@ class JobOut(JobStatusOut):
 
     @classmethod
     def of(cls, job: JobRecord) -> JobOut:
-        return cls.model_validate(job.model_dump(include=set(cls.model_fields)))
+        # The stored text, rendered as the JSON object it is (not parsed and dumped again).
+        return cls.model_validate(
+            {**job.model_dump(include=set(cls.model_fields)), "spec": orjson.loads(job.spec_json)}
+        )
 
 
 class JobListOut(BaseModel):

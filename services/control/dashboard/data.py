@@ -18,8 +18,12 @@ import httpx
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
+from services.control.errors import StoreUnavailable
 from services.control.results import read_results
+from services.control.store import JobStore
 from shared import constants
+from shared.clock import wall_clock_ms
+from shared.jobstate import ACTIVE_STATES
 
 # Interval rates need two scrapes at least this far apart; closer polls reuse the last rates.
 MIN_RATE_INTERVAL_S = 0.5
@@ -170,10 +174,14 @@ def _update(series: _Series, now: float, values: Mapping[str, Any]) -> None:
     series.latency_sum, series.latency_count, series.buckets = lat_sum, lat_count, buckets
 
 
-def _submitted_job_ids(client: redis.Redis) -> set[str]:
-    """Jobs in control's job store (jobs started from spec files show up through their metrics)."""
-    members: list[bytes] = client.zrange(constants.REDIS_CONTROL_JOBS, 0, -1)  # type: ignore[assignment]
-    return {_text(j) for j in members}
+def _control_jobs(client: redis.Redis) -> tuple[set[str], set[str]]:
+    """Jobs in control's job store: the active ones and the ended ones (cancelled, finished, failed).
+
+    Jobs started from spec files are in neither: they show up through their metrics.
+    """
+    jobs = JobStore(client).list()
+    active = {j.id for j in jobs if j.state in ACTIVE_STATES}
+    return active, {j.id for j in jobs} - active
 
 
 def latest_windows(client: redis.Redis, job_id: str, windows: int, max_keys: int) -> dict[str, Any]:
@@ -277,14 +285,14 @@ async def collect(sources: DashboardSources, now: float | None = None) -> dict[s
     redis_error = None
     windows: dict[str, Any] = {}
     try:
-        job_ids = (
-            set(per_job) | set(sources.jobs) | await asyncio.to_thread(_submitted_job_ids, sources.redis)
-        )
+        active, ended = await asyncio.to_thread(_control_jobs, sources.redis)
+        # An ended job's metrics stay on the services' /metrics (and its windows in Redis): hide it.
+        job_ids = (set(per_job) | set(sources.jobs) | active) - ended
         for job in sorted(job_ids):
             windows[job] = await asyncio.to_thread(
                 latest_windows, sources.redis, job, sources.windows, sources.max_keys
             )
-    except redis.RedisError as e:
+    except (redis.RedisError, StoreUnavailable) as e:
         redis_error = f"{type(e).__name__}: {e}"
         job_ids = set(per_job) | set(sources.jobs)
 
@@ -306,7 +314,7 @@ async def collect(sources: DashboardSources, now: float | None = None) -> dict[s
             }
         )
     return {
-        "generated_at_ms": int(time.time() * 1000),
+        "generated_at_ms": wall_clock_ms(),
         "sources": status,
         "redis": {"ok": redis_error is None, "error": redis_error},
         "jobs": jobs,

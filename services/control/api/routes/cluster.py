@@ -7,8 +7,8 @@ from fastapi import APIRouter, Depends
 from services.control.api.auth import AUTH_RESPONSES, require_read
 from services.control.api.deps import ManagerDep
 from services.control.api.schemas import ClusterMetricsOut
-from services.control.lifecycle import JobState
-from services.control.manager import SERVICES
+from services.control.registry import SERVICES
+from shared.jobstate import JobState
 
 router = APIRouter(tags=["cluster"], dependencies=[Depends(require_read)], responses=AUTH_RESPONSES)
 

@@ -20,10 +20,10 @@ from services.control.api.schemas import (
     WindowOut,
 )
 from services.control.errors import JobConflict, SpecRejected, StoreUnavailable
-from services.control.lifecycle import JobState
 from services.control.results import read_results
 from shared.errors import SpecError
-from shared.jobspec import JobSpec, parse_job_spec
+from shared.jobspec import JobSpec, parse_job_spec, with_id
+from shared.jobstate import JobState
 
 router = APIRouter(prefix="/jobs", tags=["jobs"], responses=AUTH_RESPONSES)
 Read = [Depends(require_read)]
@@ -211,8 +211,8 @@ def resume_job(
             "or pass ?savepoint="
         )
     try:
-        spec = JobSpec.model_validate({**old.spec, "id": new_id or job_id})
-    except ValueError as e:  # the stored spec no longer validates (the spec format moved on)
+        spec = with_id(old.spec, new_id or job_id)
+    except SpecError as e:  # the stored spec no longer validates (the spec format moved on)
         raise HTTPException(422, f"the stored spec of {job_id!r} is no longer valid: {e}") from e
     # The job's own savepoint path came from its processor; a path the caller names is checked.
     job = manager.submit(spec, path, _wait_s(settings, wait), trusted_savepoint=not savepoint)
