@@ -428,8 +428,6 @@ class Ingest:
         assert self._consumer is not None and self._producer is not None
         producer, consumer = self._producer, self._consumer
         now = self.now_ms()
-        for w in self.watermarks.values():
-            w.advance(now)  # partitions may have gone idle since the last batch
         streams, watermarks = self.streams, self.watermarks
         validators = {topic: self._validator(topic) for topic in streams}
         targets = {
@@ -461,11 +459,11 @@ class Ingest:
                 parent = gate.context_for(headers, i in roots)
                 if parent is not None:
                     headers = receipts.start(parent, headers, topic, partition, offset)
-            verdict = watermarks[topic].observe(partition, result.event_time_ms, now)
-            if verdict.late:
+            late_against = watermarks[topic].observe(partition, result.event_time_ms, now)
+            if late_against is not None:
                 headers = [
                     *(headers or ()),
-                    (constants.HDR_LATE_WATERMARK_MS, str(verdict.watermark_ms).encode()),
+                    (constants.HDR_LATE_WATERMARK_MS, str(late_against).encode()),
                     (constants.HDR_LATE_EVENT_TIME_MS, str(result.event_time_ms).encode()),
                     (
                         constants.HDR_LATE_ALLOWED_LATENESS_MS,
@@ -485,6 +483,8 @@ class Ingest:
                 forwarded[topic] += 1
             if i % POLL_EVERY == POLL_EVERY - 1:
                 producer.poll(0)
+        for w in watermarks.values():
+            w.advance(now)  # the stream's watermark, committed with the offsets
         offsets = [TopicPartition(t, p, o, self._committed_metadata(t, p)) for (t, p), o in ends.items()]
         _retrying(
             lambda: producer.send_offsets_to_transaction(
