@@ -38,6 +38,32 @@ HDR_SOURCE_PARTITION = "sf.errors.partition"
 HDR_SOURCE_OFFSET = "sf.errors.offset"
 HDR_SERVICE = "sf.errors.service"
 HDR_ERROR_TIME_MS = "sf.errors.time_ms"
+# A dead letter cut down to fit the producer's message limit: what was cut ("value", then "headers",
+# "key") and the original value's size in bytes.
+HDR_ERROR_TRUNCATED = "sf.errors.truncated"
+HDR_ERROR_ORIGINAL_BYTES = "sf.errors.original_bytes"
+DEAD_LETTER_HEADER_PREFIX = "sf.errors."
+
+# --- Record keys ------------------------------------------------------------------------------------
+# The key of a result ({key} in the Redis layout below) and of a `<topic>.valid` record. One field:
+# its value as text. Several fields (a stream's `key`, a job's `group_by`): their values joined by
+# "|", each escaped first, "\" as "\\" and "|" as "\|". So ("x|y", "z") is `x\|y|z` and ("x", "y|z")
+# is `x|y\|z`: different keys stay different (a job's keys all have the same number of fields).
+# Ingest builds the keys of `<topic>.valid` with join_key; the processor builds group_by keys with
+# the same rule in Spark SQL (services/processor/query.py, _group_columns).
+KEY_SEPARATOR = "|"
+
+
+def escape_key_part(part: str) -> str:
+    return part.replace("\\", "\\\\").replace(KEY_SEPARATOR, "\\" + KEY_SEPARATOR)
+
+
+def join_key(parts: list[str]) -> str:
+    """The key of several fields' values (already text), by the rule above."""
+    if len(parts) == 1:
+        return parts[0]
+    return KEY_SEPARATOR.join([escape_key_part(p) for p in parts])
+
 
 # --- Redis key layout -------------------------------------------------------------------------------
 # sf:job:{job}:win:{key}:{window_start_ms}  HASH  one window's result: window_start, window_end,

@@ -35,13 +35,22 @@ from confluent_kafka import (
 )
 from opentelemetry import trace
 
+from services.ingest.deadletters import RECORD_OVERHEAD, fit, headers_size, too_large
 from services.ingest.errors import FatalKafkaError, IngestError, StreamConfigError
+from services.ingest.isolation import RECORD_ERRORS, Isolation
 from services.ingest.metrics import WATERMARK_MS
 from services.ingest.progress import GroupProgress
 from services.ingest.settings import IngestSettings
 from services.ingest.streams import StreamDefinition, merge_streams
 from services.ingest.tracing import ReceiveSpans, RecordGate
-from services.ingest.validate import RecordPolicy, RecordValidator, Rejection, ValidEvent
+from services.ingest.validate import (
+    OVERSIZED_RECORD,
+    PRODUCE_FAILED,
+    RecordPolicy,
+    RecordValidator,
+    Rejection,
+    ValidEvent,
+)
 from services.ingest.watermark import PartitionProgress, StreamWatermark, WatermarkSnapshot
 from shared import constants
 from shared.clock import Clock, wall_clock_ms
@@ -59,6 +68,7 @@ log = logging.getLogger(__name__)
 SERVICE = "ingest"
 KAFKA_TIMEOUT_S = 30.0
 POLL_EVERY = 1_000  # serve delivery reports every this many produced records, not after each one
+UNWRITABLE = "unwritable"  # dlq_events_total reason of a record dropped: even its dead letter was refused
 
 Headers = list[tuple[str, str | bytes | None]]
 Consumed = tuple[Message, str, int, int]  # a record and its topic, partition, offset
@@ -130,6 +140,8 @@ class Ingest:
         self._updates_lock = threading.Lock()
         self._update: _StreamsUpdate | None = None
         self.running = threading.Event()
+        self._isolation = Isolation()
+        self._delivery_errors: list[KafkaError] = []  # of the current transaction (failures only)
 
     # --- lifecycle ------------------------------------------------------------------------------
     def start(self, *, track_progress: bool = True) -> None:
@@ -144,6 +156,10 @@ class Ingest:
                 "enable.idempotence": True,
                 "linger.ms": 5,
                 "compression.type": "lz4",
+                "message.max.bytes": s.max_message_bytes,
+                # Delivery reports only for failures: a refused record is looked for (see _abort).
+                "on_delivery": self._delivery_failed,
+                "delivery.report.only.error": True,
             },
             logger=logging.getLogger("librdkafka.producer"),
         )
@@ -375,6 +391,10 @@ class Ingest:
         if not records:
             self._publish_watermarks()
             return BatchStats()
+        chunk = self._isolation.chunk
+        if chunk is not None and len(records) > chunk:  # looking for a record the broker refuses
+            self._rewind(records[chunk:])
+            records = records[:chunk]
         started = time.perf_counter()
         snapshot = {t: w.snapshot() for t, w in self.watermarks.items()}
         receipts = ReceiveSpans(self.tracer)
@@ -423,14 +443,13 @@ class Ingest:
         assert self._consumer is not None and self._producer is not None
         producer, consumer = self._producer, self._consumer
         now = self.now_ms()
-        for w in self.watermarks.values():
-            w.advance(now)  # partitions may have gone idle since the last batch
         streams, watermarks = self.streams, self.watermarks
         validators = {topic: self._validator(topic) for topic in streams}
         targets = {
             t: (d.source.valid_topic, d.source.late_topic, d.source.dlq_topic) for t, d in streams.items()
         }
         produce = self._produce
+        self._delivery_errors.clear()
         producer.begin_transaction()
         forwarded: Tally[str] = Tally()
         late: Tally[str] = Tally()
@@ -438,16 +457,21 @@ class Ingest:
         ends: dict[tuple[str, int], int] = {}
         gate = self._gate
         roots = gate.roots(len(records))  # the records that start a trace (empty when tracing is off)
+        limit = self.settings.max_message_bytes
+        isolation = self._isolation
         for i, (m, topic, partition, offset) in enumerate(records):
             ends[(topic, partition)] = offset + 1  # a partition's records come in offset order
-            result = validators[topic].check(m.value(), now)
+            result: ValidEvent | Rejection
+            if isolation.culprits and (topic, partition, offset) in isolation.culprits:
+                if (topic, partition, offset) in isolation.unwritable:
+                    log.error("dropped %s[%d]@%d: its dead letter was refused", topic, partition, offset)
+                    rejected[(topic, UNWRITABLE)] += 1
+                    continue
+                result = isolation.culprits[(topic, partition, offset)]
+            else:
+                result = validators[topic].check(m.value(), now)
             if type(result) is Rejection:
-                produce(
-                    targets[topic][2],
-                    m.key(),
-                    m.value(),
-                    dead_letter_headers(m, result.error_class, result.message, SERVICE),
-                )
+                self._dead_letter(m, targets[topic][2], result)
                 rejected[(topic, result.error_class)] += 1
                 continue
             assert type(result) is ValidEvent
@@ -456,11 +480,11 @@ class Ingest:
                 parent = gate.context_for(headers, i in roots)
                 if parent is not None:
                     headers = receipts.start(parent, headers, topic, partition, offset)
-            verdict = watermarks[topic].observe(partition, result.event_time_ms, now)
-            if verdict.late:
+            late_against = watermarks[topic].observe(partition, result.event_time_ms, now)
+            if late_against is not None:
                 headers = [
                     *(headers or ()),
-                    (constants.HDR_LATE_WATERMARK_MS, str(verdict.watermark_ms).encode()),
+                    (constants.HDR_LATE_WATERMARK_MS, str(late_against).encode()),
                     (constants.HDR_LATE_EVENT_TIME_MS, str(result.event_time_ms).encode()),
                     (
                         constants.HDR_LATE_ALLOWED_LATENESS_MS,
@@ -470,16 +494,36 @@ class Ingest:
                     (constants.HDR_LATE_PARTITION, str(partition).encode()),
                     (constants.HDR_LATE_OFFSET, str(offset).encode()),
                 ]
-                produce(targets[topic][1], m.key(), m.value(), headers)
-                late[topic] += 1
+                out, key, value, counts = targets[topic][1], m.key(), m.value(), late
             else:
                 # The Kafka timestamp stays the time of writing: with the event time there, the
                 # broker's time-based retention would delete backfilled or replayed (old) events at
                 # its next check, before the processor read them. The event time is in the payload.
-                produce(targets[topic][0], result.key.encode(), result.value, headers or None)
-                forwarded[topic] += 1
+                out, key, value, counts = targets[topic][0], result.key.encode(), result.value, forwarded
+                headers = headers or None
+            # What is produced must fit the message limit (a long key repeats the key fields).
+            size = RECORD_OVERHEAD + len(key or b"") + len(value or b"")
+            if headers:
+                size += headers_size(headers)
+            refused: Rejection | None = None
+            if size > limit:
+                refused = Rejection(OVERSIZED_RECORD, too_large(out, key, value, headers, limit) or "")
+            else:
+                try:
+                    produce(out, key, value, headers)
+                except KafkaException as e:
+                    if e.args[0].code() not in RECORD_ERRORS:
+                        raise
+                    refused = Rejection(PRODUCE_FAILED, f"the producer refused its record for {out}: {e}")
+            if refused is not None:
+                self._dead_letter(m, targets[topic][2], refused)
+                rejected[(topic, refused.error_class)] += 1
+                continue
+            counts[topic] += 1
             if i % POLL_EVERY == POLL_EVERY - 1:
                 producer.poll(0)
+        for w in watermarks.values():
+            w.advance(now)  # the stream's watermark, committed with the offsets
         offsets = [TopicPartition(t, p, o, self._committed_metadata(t, p)) for (t, p), o in ends.items()]
         _retrying(
             lambda: producer.send_offsets_to_transaction(
@@ -487,6 +531,8 @@ class Ingest:
             )
         )
         _retrying(lambda: producer.commit_transaction(KAFKA_TIMEOUT_S))
+        if isolation.chunk is not None or isolation.culprits:
+            isolation.committed(ends)
         # Counted once committed: an aborted batch is read again and would count twice.
         for topic, n in forwarded.items():
             RECORDS_PROCESSED.labels(SERVICE, topic).inc(n)
@@ -496,6 +542,21 @@ class Ingest:
             DLQ_EVENTS.labels(SERVICE, topic, reason).inc(n)
         stats = BatchStats(sum(forwarded.values()), sum(rejected.values()), sum(late.values()))
         return stats, {tp.topic for tp in offsets}
+
+    def _dead_letter(self, m: Message, dlq_topic: str, rejection: Rejection) -> None:
+        """The original record with why it was refused, cut down to the message limit if need be."""
+        key, value, headers = fit(
+            m.key(),
+            m.value(),
+            dead_letter_headers(m, rejection.error_class, rejection.message, SERVICE),
+            self.settings.max_message_bytes,
+        )
+        self._produce(dlq_topic, key, value, headers)
+
+    def _delivery_failed(self, err: KafkaError | None, _msg: Message) -> None:
+        """librdkafka's delivery report, for failed records only (served by poll/flush)."""
+        if err is not None:
+            self._delivery_errors.append(err)
 
     def _committed_metadata(self, topic: str, partition: int) -> str:
         return self.watermarks[topic].committed_progress(partition).to_metadata()
@@ -537,6 +598,8 @@ class Ingest:
             # Fenced (a newer incarnation of this replica took over) or broken: only a restart is safe.
             raise FatalKafkaError(f"unrecoverable transaction error: {kerr}") from error
         log.warning("aborting a batch of %d records: %s", len(records), kerr)
+        self._producer.poll(0)  # serve the delivery reports of the records that failed
+        refused = [e for e in self._delivery_errors if e.code() in RECORD_ERRORS]
         try:
             self._producer.abort_transaction(KAFKA_TIMEOUT_S)
         except KafkaException as e:
@@ -547,8 +610,16 @@ class Ingest:
         for topic, snap in snapshot.items():
             if topic in self.watermarks:
                 self.watermarks[topic].rollback(snap)
+        if refused:
+            log.warning("Kafka refused a record of this batch (%s): looking for it", refused[0])
+            self._isolation.failed([(t, p, o) for _, t, p, o in records], refused[0])
         if self._rebalances != rebalances:
             return  # a new assignment restarts at the committed offsets anyway
+        self._rewind(records)
+
+    def _rewind(self, records: list[Consumed]) -> None:
+        """Seek back so that ``records`` are read again."""
+        assert self._consumer is not None
         for tp in first_offsets(m for m, *_ in records):
             if (tp.topic, tp.partition) in self._assigned:
                 try:

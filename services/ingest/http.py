@@ -21,19 +21,26 @@ from typing import Annotated, Any, Protocol
 
 import orjson
 import uvicorn
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from fastapi import Depends, FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
+from services.ingest.deadletters import fit, too_large
 from services.ingest.errors import IngestError
 from services.ingest.metrics import HTTP_EVENTS
 from services.ingest.settings import IngestSettings
 from services.ingest.streams import StreamDefinition
 from services.ingest.tracing import RecordGate
-from services.ingest.validate import OVERSIZED_RECORD, RecordValidator, Rejection, ValidEvent
+from services.ingest.validate import (
+    MAX_JSON_DEPTH,
+    OVERSIZED_RECORD,
+    RecordValidator,
+    Rejection,
+    ValidEvent,
+)
 from shared.jobspec import Source
 from shared.kafka import check_metadata, dead_letter_headers_at
 from shared.metrics import DLQ_EVENTS
@@ -42,6 +49,7 @@ from shared.tracing import current_traceparent, fastapi_telemetry, inject_header
 log = logging.getLogger(__name__)
 SERVICE = "ingest-http"
 HDR_HTTP_INDEX = "sf.http.index"  # position of a dead letter in the request that posted it
+TRACE_ROOM = 512  # bytes kept free in a posted event's record for the trace headers it may get
 
 
 @dataclass
@@ -57,7 +65,7 @@ class _Delivery:
     def done(self) -> int:
         return len(self.reported)
 
-    def report(self, index: int, err: KafkaError | None, _msg: Message) -> None:
+    def report(self, index: int, err: KafkaError | None, _msg: Message | None) -> None:
         with self.lock:
             self.reported.add(index)
             if err is not None:
@@ -111,6 +119,7 @@ class HttpIngest:
                 "linger.ms": 5,
                 "compression.type": "lz4",
                 "queue.buffering.max.messages": self.queue_limit,
+                "message.max.bytes": s.max_message_bytes,
             },
             logger=logging.getLogger("librdkafka.http"),
         )
@@ -128,9 +137,47 @@ class HttpIngest:
         return None
 
     def publish(self, stream: StreamDefinition, docs: list[Any]) -> PostOutcome:
+        """Check every event first, then write them: a request that cannot be written as a whole is
+        refused before any of it is (a retry must not duplicate the first half)."""
         source = (self.catalog.stream(stream.topic) or stream).source
         validator, now = self.catalog.validator_for(source), self.catalog.event_clock_ms()
-        policy = validator.policy
+        checked: list[tuple[bytes, ValidEvent | Rejection]] = []
+        unwritable: list[str] = []
+        for i, doc in enumerate(docs):
+            try:
+                raw = orjson.dumps(doc)
+            except orjson.JSONEncodeError as e:  # 255 levels deep: not even a dead letter can hold it
+                unwritable.append(
+                    f"event {i} is nested too deep to be written as JSON ({e}); "
+                    f"events may nest {MAX_JSON_DEPTH} levels"
+                )
+                continue
+            checked.append((raw, self._check(source, validator, raw, doc, now)))
+        if unwritable:
+            detail = "; ".join(unwritable[:5]) + (
+                f"; and {len(unwritable) - 5} more" if len(unwritable) > 5 else ""
+            )
+            return PostOutcome(400, {"detail": f"{detail}: nothing of this request was written"})
+        return self._write(source, checked)
+
+    def _check(
+        self, source: Source, validator: RecordValidator, raw: bytes, doc: Any, now: int
+    ) -> ValidEvent | Rejection:
+        """One posted event, as the Kafka loop would judge it, plus: does its raw-topic record fit?"""
+        limit = validator.policy.max_record_bytes
+        if len(raw) > limit:
+            return Rejection(OVERSIZED_RECORD, f"record is {len(raw)} bytes, the limit is {limit}")
+        verdict = validator.check_parsed(raw, doc, now)
+        if isinstance(verdict, ValidEvent):
+            # Room for the trace headers it may get when written.
+            why = too_large(
+                source.topic, verdict.key.encode(), raw, None, self.settings.max_message_bytes - TRACE_ROOM
+            )
+            if why is not None:
+                return Rejection(OVERSIZED_RECORD, why)
+        return verdict
+
+    def _write(self, source: Source, checked: list[tuple[bytes, ValidEvent | Rejection]]) -> PostOutcome:
         delivery = _Delivery()
         results: list[dict[str, Any]] = []
         queue_full = False
@@ -139,31 +186,28 @@ class HttpIngest:
         request_trace = current_traceparent()
         shared_trace = inject_headers() if request_trace and is_sampled_traceparent(request_trace) else None
         gate = self._gate
-        for i, doc in enumerate(docs):
-            raw = orjson.dumps(doc)
-            verdict: ValidEvent | Rejection
-            if len(raw) > policy.max_record_bytes:
-                verdict = Rejection(
-                    OVERSIZED_RECORD, f"record is {len(raw)} bytes, the limit is {policy.max_record_bytes}"
-                )
-            else:
-                verdict = validator.check_document(doc, now)
+        for i, (raw, verdict) in enumerate(checked):
             report = functools.partial(delivery.report, i)
             if queue_full:
                 results.append(
                     {"index": i, "status": "failed", "message": "not sent: the producer queue is full"}
                 )
             elif isinstance(verdict, Rejection):
-                headers = dead_letter_headers_at(
-                    source.topic,
-                    -1,
-                    -1,
-                    verdict.error_class,
-                    verdict.message,
-                    SERVICE,
-                    [(HDR_HTTP_INDEX, str(i).encode())],
+                key, value, headers = fit(
+                    None,
+                    raw,
+                    dead_letter_headers_at(
+                        source.topic,
+                        -1,
+                        -1,
+                        verdict.error_class,
+                        verdict.message,
+                        SERVICE,
+                        [(HDR_HTTP_INDEX, str(i).encode())],
+                    ),
+                    self.settings.max_message_bytes,
                 )
-                queue_full = not self._produce(source.dlq_topic, None, raw, headers, delivery, report)
+                queue_full = not self._produce(source.dlq_topic, key, value, headers, delivery, report)
                 DLQ_EVENTS.labels(SERVICE, source.topic, verdict.error_class).inc()
                 results.append(
                     {
@@ -210,7 +254,7 @@ class HttpIngest:
         self,
         topic: str,
         key: bytes | None,
-        value: bytes,
+        value: bytes | None,
         headers: list[tuple[str, str | bytes | None]] | None,
         delivery: _Delivery,
         on_delivery: Any,
@@ -221,6 +265,10 @@ class HttpIngest:
             try:
                 self.producer.produce(topic, key=key, value=value, headers=headers, on_delivery=on_delivery)
                 delivery.expected += 1
+                return True
+            except KafkaException as e:  # refused at once (records are measured first: not expected)
+                delivery.expected += 1
+                on_delivery(e.args[0], None)
                 return True
             except BufferError:
                 if time.monotonic() > deadline:

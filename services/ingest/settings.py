@@ -35,6 +35,10 @@ class IngestSettings(BaseServiceSettings):
 
     # --- validation policies (each rejection goes to <topic>.dlq with its reason) -------------------
     max_record_bytes: int = Field(1_048_576, ge=1)
+    # The producer's message.max.bytes: every record ingest writes (key + value + headers) is measured
+    # against it first; one that does not fit goes to the DLQ (a dead letter is truncated to fit).
+    # librdkafka's default, below the broker's default limit (1,048,588).
+    max_message_bytes: int = Field(1_000_000, ge=10_000)
     # An event time later than now + max_future_ms is rejected (clock skew, unit mix-ups); 0 = no limit.
     max_future_ms: int = Field(86_400_000, ge=0)
     # An event time earlier than now - max_past_ms is rejected; 0 = no limit (replays of old data pass).

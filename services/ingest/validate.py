@@ -15,14 +15,19 @@ from typing import Any
 
 import orjson
 
+from shared.constants import escape_key_part
 from shared.jobspec import FieldType, Source, TimeFormat
 
 log = logging.getLogger(__name__)
 
-KEY_SEPARATOR = "|"
 # Event times outside [year 1, year 9999] cannot be a real instant (nor fit the normalised record).
 MIN_EPOCH_MS = -62_135_596_800_000
 MAX_EPOCH_MS = 253_402_300_799_999
+# What Spark's LongType holds: a larger integer would become NULL downstream.
+MIN_LONG, MAX_LONG = -(2**63), 2**63 - 1
+# Deeper JSON is refused (invalid_json): no event needs it, and orjson cannot even write a value
+# nested 255 levels deep (HTTP re-serialises every posted event).
+MAX_JSON_DEPTH = 64
 
 # The rejection reasons, as they appear in the dead-letter header sf.errors.class.
 EMPTY_RECORD = "empty_record"
@@ -35,6 +40,7 @@ EVENT_TIME_IN_FUTURE = "event_time_in_future"
 EVENT_TIME_TOO_OLD = "event_time_too_old"
 EVENT_TIME_BEFORE_FLOOR = "event_time_before_floor"
 INTERNAL_ERROR = "internal_error"
+PRODUCE_FAILED = "produce_failed"  # Kafka refused what ingest wrote for it (services.ingest.isolation)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +97,12 @@ def _string(value: Any) -> str:
 
 def _long(value: Any) -> int:
     if type(value) is not int:  # bool is not an int here
+        if type(value) is float and value.is_integer() and not MIN_LONG <= value <= MAX_LONG:
+            # orjson reads an integer beyond 64 bits as a float
+            raise ValueError(f"integer {value:.0f} is outside the signed 64-bit range")
         raise ValueError(f"expected an integer, got {type(value).__name__}")
+    if not MIN_LONG <= value <= MAX_LONG:
+        raise ValueError(f"integer {value} is outside the signed 64-bit range")
     return value
 
 
@@ -116,6 +127,24 @@ _COERCE: dict[FieldType, Callable[[Any], Any]] = {
     FieldType.DOUBLE: _double,
     FieldType.BOOLEAN: _boolean,
 }
+
+
+def too_deep(doc: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """True when arrays/objects nest deeper than ``limit`` (a scalar is 0 deep, ``{}`` 1)."""
+    stack = [(doc, 1)]
+    while stack:
+        value, depth = stack.pop()
+        kind = type(value)
+        if kind is dict:
+            children = value.values()
+        elif kind is list:
+            children = value
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children if type(child) in (dict, list))
+    return False
 
 
 def _check_time(event_time_ms: int, policy: RecordPolicy, now_ms: int) -> Rejection | None:
@@ -183,8 +212,11 @@ class RecordValidator:
             refused = _check_time(event_time_ms, policy, now_ms)
             if refused is not None:
                 return refused
-        key = out[self._key[0]] if len(self._key) == 1 else KEY_SEPARATOR.join(str(out[k]) for k in self._key)
-        return ValidEvent(key=str(key), value=orjson.dumps(out), event_time_ms=event_time_ms)
+        if len(self._key) == 1:
+            key = str(out[self._key[0]])
+        else:  # shared.constants.join_key, inlined
+            key = "|".join([escape_key_part(str(out[k])) for k in self._key])
+        return ValidEvent(key=key, value=orjson.dumps(out), event_time_ms=event_time_ms)
 
     def check(self, raw: bytes | None, now_ms: int) -> ValidEvent | Rejection:
         """Check one raw record; never raises for bad input, it returns a Rejection instead."""
@@ -198,6 +230,17 @@ class RecordValidator:
             doc = orjson.loads(raw)
         except orjson.JSONDecodeError as e:
             return Rejection(INVALID_JSON, f"not valid JSON: {e}")
+        return self.check_parsed(raw, doc, now_ms)
+
+    def check_parsed(self, raw: bytes, doc: Any, now_ms: int) -> ValidEvent | Rejection:
+        """Check a record already parsed from ``raw`` (its JSON text); never raises for bad input."""
+        # Each level needs a bracket: only a record with more of them can be too deep (no walk for most).
+        if (
+            len(raw) > 2 * MAX_JSON_DEPTH
+            and raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH
+            and too_deep(doc)
+        ):
+            return Rejection(INVALID_JSON, f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
         try:
             return self.check_document(doc, now_ms)
         except Exception as e:  # a bug here must not stop the stream: the record is kept, with the reason

@@ -1,16 +1,22 @@
 """Event-time watermarks per stream, tracked per partition of its raw topic (pure, no I/O).
 
 A partition's watermark is the largest event time seen on it minus the stream's bounded
-out-of-orderness. The stream's watermark is the smallest watermark of its *active* partitions: a
-partition without a record for ``idle_timeout_ms`` (processing time) stops holding it back. The
-stream's watermark never goes backwards, not even when an idle partition wakes up behind it or the
-service restarts (the last value is part of the committed state, see ``PartitionProgress``).
+out-of-orderness. An event is late when its event time is before the watermark of its own partition,
+as the events before it on that partition left it, minus the allowed lateness: Kafka Streams' stream
+time, advanced record by record. So the late set is a function of each partition's sequence of
+events alone: the same whatever the batch sizes, however fast the events arrived, however the
+partitions' records interleave, and after a crash (the partition's largest event time is committed
+with its offset, see ``PartitionProgress``).
 
-An event is late when its event time is before the stream's watermark minus the allowed lateness.
-Time is read from an injected ``now_ms`` argument, so tests decide what "now" is.
+The stream's watermark, the one ingest publishes, is the smallest watermark of its *active*
+partitions: a partition without a record for ``idle_timeout_ms`` (processing time) stops holding it
+back. It never goes backwards, not even when an idle partition wakes up behind it or the service
+restarts (the last value is part of the committed state). It does not decide lateness: the other
+partitions' progress at the moment a record is judged depends on how their records interleave.
 
-Partitions owned by this replica are updated record by record; partitions owned by other replicas
-are known from what those replicas last committed (``set_remote``) and count the same way.
+Time is read from an injected ``now_ms`` argument, so tests decide what "now" is. Partitions owned by
+this replica are updated record by record; partitions owned by other replicas are known from what
+those replicas last committed (``set_remote``) and count the same way for the stream's watermark.
 """
 
 from __future__ import annotations
@@ -63,12 +69,6 @@ class PartitionProgress:
 
 
 @dataclass(frozen=True, slots=True)
-class Verdict:
-    late: bool
-    watermark_ms: int | None  # the stream's watermark the event was judged against
-
-
-@dataclass(frozen=True, slots=True)
 class WatermarkSnapshot:
     owned: dict[int, PartitionProgress]
     watermark_ms: int | None
@@ -82,7 +82,6 @@ class StreamWatermark:
         self.owned: dict[int, PartitionProgress] = {}
         self.remote: dict[int, PartitionProgress] = {}
         self.watermark_ms: int | None = None
-        self._advanced_at: int | None = None  # the processing time advance() last looked at
 
     # --- which partitions count -----------------------------------------------------------------
     def assign(self, partition: int, restored: PartitionProgress | None, now_ms: int) -> None:
@@ -114,7 +113,6 @@ class StreamWatermark:
 
     def advance(self, now_ms: int) -> int | None:
         """Recompute the stream's watermark from its active partitions; it only ever moves forward."""
-        self._advanced_at = now_ms
         lowest: int | None = None
         for progress in (*self.owned.values(), *self.remote.values()):
             if self.is_idle(progress, now_ms):
@@ -127,27 +125,23 @@ class StreamWatermark:
             self._raise_to(lowest)
         return self.watermark_ms
 
-    def observe(self, partition: int, event_time_ms: int, now_ms: int) -> Verdict:
-        """Judge one event of an owned partition against the stream's watermark, then account for it."""
-        if now_ms != self._advanced_at:
-            self.advance(now_ms)  # partitions may have gone idle since
-        watermark = self.watermark_ms
-        late = watermark is not None and event_time_ms < watermark - self.allowed_lateness_ms
+    def observe(self, partition: int, event_time_ms: int, now_ms: int) -> int | None:
+        """Judge one event of an owned partition, then account for it.
+
+        Returns the partition's watermark the event is late against, or None when it is on time.
+        The stream's watermark is recomputed by ``advance``, once per batch, not per event.
+        """
         progress = self.owned[partition]
-        woke_up = self.is_idle(progress, now_ms)
         progress.last_record_ms = now_ms
         before = progress.max_event_time_ms
-        raised = before is None or event_time_ms > before
-        if raised:
+        if before is None:
             progress.max_event_time_ms = event_time_ms
-        # The minimum can only rise when the set of active partitions changed or a partition at or
-        # below the stream's watermark (one that was holding it back) moved forward.
-        if woke_up or (
-            raised
-            and (watermark is None or before is None or before - self.max_out_of_orderness_ms <= watermark)
-        ):
-            self.advance(now_ms)
-        return Verdict(late=late, watermark_ms=watermark)
+            return None
+        if event_time_ms > before:
+            progress.max_event_time_ms = event_time_ms
+            return None
+        mark = before - self.max_out_of_orderness_ms
+        return mark if event_time_ms < mark - self.allowed_lateness_ms else None
 
     def committed_progress(self, partition: int) -> PartitionProgress:
         """An owned partition's progress as it is committed with the partition's offset."""

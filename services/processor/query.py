@@ -199,7 +199,14 @@ def _group_columns(spec: JobSpec) -> tuple[list[Column], Column]:
         # `having` condition can use them.
         return [F.col(KEY), *[F.col(f) for f in spec.source.key]], F.col(KEY)
     parts = [F.coalesce(F.col(f).cast("string"), F.lit("")) for f in spec.group_by]
-    return [F.col(f) for f in spec.group_by], F.concat_ws("|", *parts)
+    if len(parts) == 1:
+        return [F.col(spec.group_by[0])], parts[0]
+    # Each part escaped as shared.constants.join_key does: ("x|y", "z") and ("x", "y|z") stay apart.
+    sep = constants.KEY_SEPARATOR
+    escaped = [
+        F.replace(F.replace(p, F.lit("\\"), F.lit("\\\\")), F.lit(sep), F.lit("\\" + sep)) for p in parts
+    ]
+    return [F.col(f) for f in spec.group_by], F.concat_ws(sep, *escaped)
 
 
 def windowed(spec: JobSpec, rows: DataFrame) -> DataFrame:
