@@ -5,7 +5,8 @@
   as the increase since the probe started;
 - CPU: user+system seconds of each process of the stack with its descendants (the processor's
   JVM is a child of its Python driver), read from /proc;
-- the machine's 1-minute load average.
+- the machine's busy CPU time (every process: other work on a shared machine shows here) and its
+  1-minute load average.
 
 From the samples: how many cores each process used on average over an interval, and when each
 stage had done a given number of records. The stage that is busy (near 1 core for a single-threaded
@@ -65,6 +66,13 @@ def cpu_seconds(processes: dict[str, int]) -> dict[str, float]:
     return out
 
 
+def machine_busy_seconds() -> float:
+    """CPU seconds the whole machine spent busy (every process, not only the stack's), from /proc/stat."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return (sum(fields[:8]) - idle) / _TICKS
+
+
 def records_processed(url: str) -> float | None:
     """Sum of records_processed_total over all label sets of one /metrics page (None if unreachable)."""
     try:
@@ -122,6 +130,7 @@ class StageProbe:
             with contextlib.suppress(Exception):  # a sample lost to a dying process is no failure
                 sample: dict[str, Any] = {"t": round(started - self.t0, 2)}
                 sample["cpu_s"] = cpu_seconds(pids(self.cfg))
+                sample["cpu_s"]["machine"] = round(machine_busy_seconds(), 2)
                 sample["records"] = {
                     stage: round(v - self._base.get(stage, 0.0))
                     for stage, v in self._progress().items()

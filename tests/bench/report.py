@@ -369,13 +369,14 @@ def _chart_burst(ax: Any, part: Part | None) -> None:
     ax.set_xlabel("seconds since the first event was produced")
     ax.set_ylabel("events done")
     ax.set_title("1M burst: events through each stage")
-    ax.legend(fontsize=8)
+    if ax.lines:
+        ax.legend(fontsize=8)
 
 
 def _chart_cores(ax: Any, part: Part | None) -> None:
     if not part or "error" in part:
         return _empty(ax, "CPU during the burst", "not run" if not part else part["error"])
-    names = ["ingest", "processor", "sink", "control", "kafka", "redis", "zipkin"]
+    names = ["ingest", "processor", "sink", "control", "kafka", "redis", "zipkin", "machine"]
     width = 0.4
     for j, label in enumerate(("count", "all")):
         cores = part.get(label, {}).get("cores", {})
@@ -383,7 +384,7 @@ def _chart_cores(ax: Any, part: Part | None) -> None:
                label=label)  # fmt: skip
     ax.set_xticks(range(len(names)), names)
     ax.axhline(os.cpu_count() or 2, color="grey", linestyle=":", linewidth=1)
-    ax.set_ylabel("cores used on average (process + children)")
+    ax.set_ylabel("cores used on average (process + children; machine: all processes)")
     ax.set_title("CPU per process during the 1M burst")
     ax.legend(fontsize=8)
 
