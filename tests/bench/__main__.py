@@ -1,36 +1,110 @@
-"""Run every tests/bench/bench_*.py (or those named on the command line) and print their numbers.
+"""`make bench` / `python -m tests.bench [parts]`: the end-to-end report, or some of its parts.
 
-Each module has `main() -> dict[str, float | str]`; its result is printed and written to
-.run/bench/<name>.json so a closing note can quote the numbers and the command that produced them.
+    python -m tests.bench                    # every part of the report, then the report
+    python -m tests.bench pipeline faust     # those parts only, then the report again
+    python -m tests.bench report             # the report alone, from the parts' last results
+    python -m tests.bench all                # the report's parts and the component benches below
+    python -m tests.bench sink tracing       # component benches run by name as well
+
+The report's parts (tests/bench/bench_<part>.py, in this order): kafka, ingest, spark, pipeline,
+freshness, recovery, memory, faust. The component benches (processor, sink, sink_faust, tracing)
+measure one piece each on their own broker and are not in the report.
+
+Each part runs in its own Python process (a part's SparkSession, JVM or faust event loop ends with
+it) and writes .run/bench/<part>.json; a part that fails writes its error there and the others still
+run. The report parts share one stack (tests/bench/stack.py): its run dir is cleared before the
+first part and everything in it is stopped after the last. The report (.run/bench/report.json,
+report.md, report.png) is built from the newest result of every part.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
+import os
+import shutil
+import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE.parents[1] / ".run" / "bench"
+REPORT_PARTS = ("kafka", "ingest", "spark", "pipeline", "freshness", "recovery", "memory", "faust")
+COMPONENT_BENCHES = ("processor", "sink", "sink_faust", "tracing")
+
+
+def run_part(name: str) -> int:
+    """Run one part in this process and write its result (or its error) to .run/bench/<name>.json."""
+    from tests.bench.report import git_commit
+
+    OUT.mkdir(parents=True, exist_ok=True)
+    started, load_before = time.monotonic(), os.getloadavg()[0]
+    result: dict[str, Any]
+    code = 0
+    try:
+        module = importlib.import_module(f"tests.bench.bench_{name}")
+        result = dict(module.main())
+    except Exception as e:
+        traceback.print_exc()
+        result, code = {"error": f"{type(e).__name__}: {e}"}, 1
+    result["wall_s"] = round(time.monotonic() - started, 1)
+    result["load_average_1m"] = {"start": round(load_before, 2), "end": round(os.getloadavg()[0], 2)}
+    result["measured_at"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    result["commit"] = git_commit()
+    (OUT / f"{name}.json").write_text(json.dumps(result, indent=2))
+    print(f"== bench {name} ({result['wall_s']} s)")
+    for k, v in result.items():
+        text = json.dumps(v) if isinstance(v, dict | list) else str(v)
+        print(f"   {k}: {text if len(text) < 400 else text[:400] + ' ...'}")
+    return code
 
 
 def main(argv: list[str]) -> int:
-    names = argv or sorted(p.stem.removeprefix("bench_") for p in HERE.glob("bench_*.py"))
-    OUT.mkdir(parents=True, exist_ok=True)
-    for name in names:
-        module = importlib.import_module(f"tests.bench.bench_{name}")
-        started = time.monotonic()
-        result = module.main()
-        result["wall_s"] = round(time.monotonic() - started, 1)
-        (OUT / f"{name}.json").write_text(json.dumps(result, indent=2))
-        print(f"== bench {name}")
-        for k, v in result.items():
-            print(f"   {k}: {v}")
-    if not names:
-        print("no benchmarks")
-    return 0
+    if argv[:1] == ["--part"]:
+        return run_part(argv[1])
+    names = list(argv) or list(REPORT_PARTS)
+    if names == ["all"]:
+        names = [*REPORT_PARTS, *COMPONENT_BENCHES]
+    unknown = [n for n in names if n != "report" and not (HERE / f"bench_{n}.py").exists()]
+    if unknown:
+        print(f"unknown part(s) {unknown}; parts: {', '.join(REPORT_PARTS + COMPONENT_BENCHES)}, report")
+        return 2
+    parts = [n for n in names if n != "report"]
+    failed = run_parts(parts) if parts else []
+    if set(names) & {"report", *REPORT_PARTS}:
+        from tests.bench.report import write_report
+
+        print(write_report(OUT, REPORT_PARTS))
+    if failed:
+        print(f"failed: {', '.join(failed)} (see .run/bench/<part>.json and the logs in the run dir)")
+    return 1 if failed else 0
+
+
+def run_parts(parts: list[str]) -> list[str]:
+    from infra import procs
+    from tests.bench.stack import RUN
+
+    started = time.monotonic()
+    shared = [p for p in parts if p in REPORT_PARTS]
+    if shared:  # a fresh stack for the report's parts: nothing left from an earlier run
+        procs.stop_all(RUN)
+        shutil.rmtree(RUN, ignore_errors=True)
+    failed = []
+    try:
+        for name in parts:
+            code = subprocess.run(
+                [sys.executable, "-m", "tests.bench", "--part", name], check=False
+            ).returncode
+            if code != 0:
+                failed.append(name)
+    finally:
+        if shared:
+            procs.stop_all(RUN)
+    print(f"== {len(parts)} part(s) in {time.monotonic() - started:.0f} s")
+    return failed
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """Ingest throughput next to raw confluent-kafka consume-and-produce loops, same records, same run.
 
-`SF_TEST_PORT_OFFSET=<n> .venv/bin/python -m tests.bench ingest` starts (or reuses) a broker on the
-test ports of that offset with its own run directory (.run/bench-<n>), writes RECORDS click events to
-a raw topic, then reads all of them three times, each with its own consumer group:
+`python -m tests.bench ingest` starts (or reuses) the benches' broker (tests/bench/stack.py: its own
+ports, shifted by SF_TEST_PORT_OFFSET, and run directory), writes RECORDS click events to a raw topic,
+then reads all of them three times, each with its own consumer group:
 
 * raw_plain: consume a batch, produce every record as is, no transactions (at-least-once);
 * raw_transactional: the same plus one transaction per batch with the consumed offsets: the
@@ -11,15 +11,13 @@ a raw topic, then reads all of them three times, each with its own consumer grou
   late/DLQ routing, offsets with watermark metadata, one transaction per batch.
 
 Each rate counts from the first batch that returned records to the last commit (group joins are
-not counted). The broker is stopped and its data removed at the end. Do not run it while tests of
-the same offset run: they share the ports.
+not counted). Checked: each loop wrote as many records as it read, and ingest forwarded every record
+to ``.valid`` (none to the dead-letter or late topics). The runner stops the broker at the end.
 """
 
 from __future__ import annotations
 
-import os
 import random
-import shutil
 import time
 import uuid
 from collections.abc import Callable
@@ -27,26 +25,18 @@ from collections.abc import Callable
 import orjson
 from confluent_kafka import Consumer, Producer
 
-from infra.paths import RUN_DIR
-from infra.stack import StackConfig, broker
 from services.ingest.app import Ingest
 from services.ingest.settings import IngestSettings
 from services.ingest.streams import StreamDefinition
+from shared.constants import dlq_topic, late_topic, valid_topic
 from shared.kafka import consumer_config, ensure_topics, next_offsets
+from tests.bench.stack import infra_up
+from tests.kafka_util import read_all
 
 RECORDS = 200_000
 PARTITIONS = 2
 BATCH = 5_000
 BASE_MS = 1_767_225_600_000
-
-
-def _stack() -> StackConfig:
-    offset = int(os.environ.get("SF_TEST_PORT_OFFSET", "0"))
-    return StackConfig(
-        run_dir=RUN_DIR / f"bench-{offset}",
-        kafka_port=19092 + offset,
-        controller_port=19093 + offset,
-    )
 
 
 def _events(n: int) -> list[bytes]:
@@ -164,23 +154,26 @@ def _ingest(bootstrap: str, topic: str) -> float:
         ingest.close()
 
 
-def main() -> dict[str, float | str]:
-    cfg = _stack()
-    shutil.rmtree(cfg.run_dir, ignore_errors=True)
-    b = broker(cfg)
-    b.start()
-    try:
-        b.wait_ready()
-        topic = f"bench{uuid.uuid4().hex[:8]}"
-        ensure_topics(cfg.bootstrap, [topic], PARTITIONS)
-        values = _events(RECORDS)
-        fill_rate = _fill(cfg.bootstrap, topic, values)
-        raw_plain = _raw_loop(cfg.bootstrap, topic, transactional=False)
-        raw_txn = _raw_loop(cfg.bootstrap, topic, transactional=True)
-        ingest = _ingest(cfg.bootstrap, topic)
-    finally:
-        b.stop()
-        shutil.rmtree(cfg.run_dir, ignore_errors=True)
+def _count(bootstrap: str, topic: str) -> int:
+    return len(read_all(bootstrap, topic, timeout_s=60))
+
+
+def main() -> dict[str, float | str | bool]:
+    cfg = infra_up(redis=False)
+    topic = f"bench{uuid.uuid4().hex[:8]}"
+    ensure_topics(cfg.bootstrap, [topic], PARTITIONS)
+    values = _events(RECORDS)
+    fill_rate = _fill(cfg.bootstrap, topic, values)
+    raw_plain = _raw_loop(cfg.bootstrap, topic, transactional=False)
+    raw_txn = _raw_loop(cfg.bootstrap, topic, transactional=True)
+    ingest = _ingest(cfg.bootstrap, topic)
+    written = {
+        "raw_plain": _count(cfg.bootstrap, f"{topic}.raw-plain"),
+        "raw_transactional": _count(cfg.bootstrap, f"{topic}.raw-txn"),
+        "ingest_valid": _count(cfg.bootstrap, valid_topic(topic)),
+        "ingest_dlq_and_late": _count(cfg.bootstrap, dlq_topic(topic))
+        + _count(cfg.bootstrap, late_topic(topic)),
+    }
     return {
         "records": RECORDS,
         "record_bytes_avg": round(sum(map(len, values)) / len(values), 1),
@@ -192,4 +185,7 @@ def main() -> dict[str, float | str]:
         "ingest_records_per_s": round(ingest),
         "ingest_vs_raw_transactional": round(ingest / raw_txn, 3),
         "ingest_vs_raw_plain": round(ingest / raw_plain, 3),
+        **{f"written_{k}": v for k, v in written.items()},
+        "exact": written["raw_plain"] == written["raw_transactional"] == written["ingest_valid"] == RECORDS
+        and written["ingest_dlq_and_late"] == 0,
     }

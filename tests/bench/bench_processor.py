@@ -34,6 +34,7 @@ from services.processor.query import start_query
 from services.processor.settings import ProcessorSettings
 from shared.jobspec import JobSpec
 from shared.kafka import ensure_topics
+from tests.bench.bench_spark import drain_backlog
 
 _OFFSET = int(os.environ.get("SF_TEST_PORT_OFFSET", "0")) + 60
 CFG = StackConfig(
@@ -151,7 +152,7 @@ def measure_latency(
     }
 
 
-def measure_throughput(spark: SparkSession, bootstrap: str, spec: JobSpec, work: Path) -> dict[str, float]:
+def measure_throughput(spark: SparkSession, bootstrap: str, spec: JobSpec, work: Path) -> dict[str, Any]:
     ensure_topics(bootstrap, [spec.source.valid_topic, spec.output_topic], partitions=2)
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.num.messages": 10_000})
     base = 1_767_225_600_000
@@ -168,21 +169,7 @@ def measure_throughput(spark: SparkSession, bootstrap: str, spec: JobSpec, work:
                 producer.poll(0.1)
         producer.poll(0)
     producer.flush()
-    started = time.perf_counter()
-    query = start_query(spark, spec, bootstrap, str(work / spec.id), max_offsets=50_000)
-    try:
-        query.processAllAvailable()
-    finally:
-        query.stop()
-    elapsed = time.perf_counter() - started
-    batches = [p for p in query.recentProgress if p["numInputRows"] > 0]
-    return {
-        "events": BACKLOG,
-        "seconds": round(elapsed, 1),
-        "events_per_s": round(BACKLOG / elapsed),
-        "data_batches": len(batches),
-        "best_batch_rows_per_s": round(max(p["processedRowsPerSecond"] for p in batches)),
-    }
+    return drain_backlog(spark, spec, bootstrap, work / spec.id, BACKLOG, max_offsets=50_000)
 
 
 def main() -> dict[str, float | str]:

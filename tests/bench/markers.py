@@ -1,0 +1,160 @@
+"""Live load with marker events, and the moment each marker's window appears in Redis.
+
+``Load`` sends background events on 1,000 keys at a steady rate plus marker events (default 20/s),
+each marker on a key of its own, all with event time = send time, and keeps the oracle as it goes
+(events per window). ``MarkerWatch`` subscribes to Redis keyspace notifications for the markers'
+window hashes: the sink's upsert is a Redis Function whose HSET emits an ``hset`` keyspace event
+(``notify-keyspace-events Kh``), published the moment the write is applied. A marker's freshness
+is the receive time of the first notification for its window minus the time it was sent, both
+read from this process's wall clock.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import orjson
+import redis
+from confluent_kafka import Producer
+
+from shared import constants
+from tests.bench import workload
+
+MARKER_PREFIX = "m"  # background keys start with "k": a pattern on "m*" sees only markers
+
+
+@dataclass
+class Marker:
+    key: str
+    sent: float  # time.time() just before produce()
+
+
+class Load:
+    """Background events and markers into one raw topic; the oracle of what was sent."""
+
+    def __init__(self, bootstrap: str, topic: str, keys: int = workload.KEYS) -> None:
+        self.topic = topic
+        # Markers must not wait for a batch to fill: linger 1 ms.
+        self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 1})
+        self.keys = [f"k{i:04d}" for i in range(keys)]
+        self.counts: Counter[workload.Window] = Counter()
+        self.markers: list[Marker] = []
+        self.sent = 0
+
+    def run(
+        self,
+        rate: float,
+        seconds: float,
+        marker_rate: float = 20,
+        until: Callable[[], bool] | None = None,
+    ) -> list[Marker]:
+        """Send for ``seconds`` (or until ``until()`` says so); returns the markers sent meanwhile."""
+        producer, produce, keys, counts = self.producer, self.producer.produce, self.keys, self.counts
+        first_marker = len(self.markers)
+        started = time.monotonic()
+        background = markers = 0
+        while True:
+            elapsed = time.monotonic() - started
+            if elapsed >= seconds or (until is not None and until()):
+                break
+            ts = int(time.time() * 1000)
+            window = ts - ts % workload.WINDOW_MS
+            for _ in range(int(elapsed * rate) - background):
+                k = keys[self.sent % len(keys)]
+                value = orjson.dumps({"k": k, "user": "u1", "value": 1.0, "ts": ts})
+                self._produce(produce, value)
+                counts[(k, window)] += 1
+                self.sent += 1
+                background += 1
+            for _ in range(int(elapsed * marker_rate) - markers):
+                key = f"{MARKER_PREFIX}{len(self.markers):07d}"
+                sent = time.time()
+                ts_marker = int(sent * 1000)
+                self._produce(produce, orjson.dumps({"k": key, "user": "u1", "value": 1.0, "ts": ts_marker}))
+                self.markers.append(Marker(key, sent))
+                counts[(key, ts_marker - ts_marker % workload.WINDOW_MS)] += 1
+                self.sent += 1
+                markers += 1
+            producer.poll(0)
+            time.sleep(0.002)
+        return self.markers[first_marker:]
+
+    def _produce(self, produce: Callable[..., None], value: bytes) -> None:
+        while True:
+            try:
+                produce(self.topic, value)
+                return
+            except BufferError:
+                self.producer.poll(0.01)
+
+    def flush(self) -> None:
+        if self.producer.flush(60) != 0:
+            raise RuntimeError(f"not every event reached {self.topic}")
+
+
+class MarkerWatch:
+    """The first time each marker's window hash was written, from Redis keyspace notifications."""
+
+    def __init__(self, redis_url: str, job_id: str) -> None:
+        self.client = redis.Redis.from_url(redis_url)
+        db = self.client.connection_pool.connection_kwargs.get("db", 0)
+        self.client.config_set("notify-keyspace-events", "Kh")
+        prefix = constants.redis_window_key(job_id, "", 0).removesuffix(":0")
+        self._strip = len(f"__keyspace@{db}__:{prefix}")
+        self.pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+        self.pubsub.psubscribe(f"__keyspace@{db}__:{prefix}{MARKER_PREFIX}*")
+        self.seen: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._listen, name="marker-watch", daemon=True)
+        self._thread.start()
+
+    def _listen(self) -> None:
+        while not self._stop.is_set():
+            msg = self.pubsub.get_message(timeout=0.2)
+            if msg is None:
+                continue
+            received = time.time()
+            channel = msg["channel"].decode()
+            key = channel[self._strip :].rsplit(":", 1)[0]
+            self.seen.setdefault(key, received)
+
+    def freshness(self, marker: Marker) -> float | None:
+        """Seconds from sending the marker to its window's first write (None: not seen yet)."""
+        seen = self.seen.get(marker.key)
+        return None if seen is None else seen - marker.sent
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.pubsub.close()
+        self.client.config_set("notify-keyspace-events", "")
+        self.client.close()
+
+    def __enter__(self) -> MarkerWatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def percentiles_ms(values: list[float]) -> dict[str, float]:
+    """p50/p95/p99/max (nearest rank) and mean of ``values`` (seconds), in milliseconds."""
+    if not values:
+        return {}
+    ordered = sorted(values)
+
+    def rank(q: float) -> float:
+        return round(ordered[max(0, math.ceil(len(ordered) * q / 100) - 1)] * 1000, 1)
+
+    return {
+        "p50_ms": rank(50),
+        "p95_ms": rank(95),
+        "p99_ms": rank(99),
+        "max_ms": round(ordered[-1] * 1000, 1),
+        "mean_ms": round(sum(ordered) / len(ordered) * 1000, 1),
+    }

@@ -1,0 +1,441 @@
+"""The end-to-end report: one JSON, one PNG chart, one Markdown table, from the parts' results.
+
+Reads .run/bench/<part>.json (the newest result of every part, each stamped with its commit, time
+and load average) and writes report.json (every figure, plus the parts' full results), report.md
+(tables ready to paste into the README, ratios included) and report.png (throughput, freshness,
+the burst's progress per stage, CPU per process, recovery, memory). A part that has not run or that
+failed shows as such; nothing is made up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from infra.paths import ROOT
+
+Part = dict[str, Any]
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return out + ("+changes" if dirty else "")
+
+
+def _load(out_dir: Path, names: tuple[str, ...]) -> dict[str, Part]:
+    parts = {}
+    for name in names:
+        path = out_dir / f"{name}.json"
+        if path.exists():
+            parts[name] = json.loads(path.read_text())
+    return parts
+
+
+def _rate(value: Any) -> str:
+    return f"{value:,.0f}" if isinstance(value, int | float) else "-"
+
+
+def _ms(value: Any) -> str:
+    if not isinstance(value, int | float):
+        return "-"
+    return f"{value / 1000:.2f} s" if value >= 1000 else f"{value:.0f} ms"
+
+
+def _ratio(a: Any, b: Any) -> float | None:
+    if isinstance(a, int | float) and isinstance(b, int | float) and b:
+        return a / b
+    return None
+
+
+def _x(r: float | None) -> str:
+    if r is None:
+        return "-"
+    return f"{r:.2f}" if r < 10 else f"{r:.0f}"
+
+
+def _checked(part: Part | None, exact: Any, what: str) -> str:
+    if part is None:
+        return "not run"
+    if "error" in part:
+        return f"failed: {part['error'][:120]}"
+    if exact is True:
+        return f"exact ({what})"
+    return f"**NOT exact** ({what})"
+
+
+def figures(parts: dict[str, Part]) -> dict[str, Any]:
+    """The headline numbers, flat, each None when its part has not run or failed."""
+    kafka, ingest, spark = parts.get("kafka", {}), parts.get("ingest", {}), parts.get("spark", {})
+    pipeline, faust = parts.get("pipeline", {}), parts.get("faust", {})
+    fresh, recovery, memory = parts.get("freshness", {}), parts.get("recovery", {}), parts.get("memory", {})
+    f: dict[str, Any] = {
+        "kafka_produce_events_per_s": kafka.get("produce_records_per_s"),
+        "kafka_consume_events_per_s": kafka.get("consume_records_per_s"),
+        "ingest_events_per_s": ingest.get("ingest_records_per_s"),
+        "raw_consume_produce_transactional_events_per_s": ingest.get("raw_transactional_records_per_s"),
+        "spark_count_events_per_s": spark.get("count", {}).get("events_per_s"),
+        "spark_all_events_per_s": spark.get("all", {}).get("events_per_s"),
+        "e2e_count_events_per_s": pipeline.get("count", {}).get("events_per_s"),
+        "e2e_all_events_per_s": pipeline.get("all", {}).get("events_per_s"),
+        "faust_count_events_per_s": faust.get("events_per_s"),
+        "recovery_s": recovery.get("recovery_s"),
+        "recovery_max_freshness_s": recovery.get("max_freshness_s"),
+        "memory_stack_total_mb": memory.get("stack_total_mb"),
+    }
+    f["e2e_count_over_faust"] = _ratio(f["e2e_count_events_per_s"], f["faust_count_events_per_s"])
+    for mode, m in fresh.get("modes", {}).items():
+        for rate, point in m.get("points", {}).items():
+            for q in ("p50_ms", "p95_ms", "p99_ms", "max_ms"):
+                f[f"freshness_{mode}_{rate}_{q}"] = point.get(q)
+    return f
+
+
+# --- Markdown -------------------------------------------------------------------------------------
+def markdown(parts: dict[str, Part], commit: str) -> str:
+    kafka, ingest, spark = parts.get("kafka"), parts.get("ingest"), parts.get("spark")
+    pipeline, faust = parts.get("pipeline"), parts.get("faust")
+    limit = (kafka or {}).get("produce_records_per_s")
+    consume = (kafka or {}).get("consume_records_per_s")
+    ing = (ingest or {}).get("ingest_records_per_s")
+    raw_txn = (ingest or {}).get("raw_transactional_records_per_s")
+    sp = spark or {}
+    pl = pipeline or {}
+    slowest_alone = min((v for v in (ing, sp.get("count", {}).get("events_per_s")) if v), default=None)
+    lines = [
+        "| stage | events/s | of the limit | ratio | checked |",
+        "|---|---:|---:|---|---|",
+    ]
+
+    def row(stage: str, rate: Any, ratio: str, checked: str) -> None:
+        lines.append(f"| {stage} | {_rate(rate)} | {_x(_ratio(rate, limit))} | {ratio} | {checked} |")
+
+    k = kafka or {}
+    row(
+        f"raw confluent-kafka produce ({k.get('records', 0):,} x {k.get('record_bytes_avg', '?')} B, "
+        f"{k.get('partitions', '?')} partitions): **the limit**",
+        limit,
+        "1",
+        _checked(kafka, k.get("exact"), "every record consumed back, byte for byte"),
+    )
+    row("raw confluent-kafka consume", consume, "", _checked(kafka, k.get("exact"), "same records"))
+    row(
+        "ingest alone (validate, key, watermark, one transaction per batch; "
+        f"{(ingest or {}).get('records', 0):,})",
+        ing,
+        f"{_x(_ratio(ing, raw_txn))} x raw consume→produce in transactions ({_rate(raw_txn)}/s)",
+        _checked(ingest, (ingest or {}).get("exact"), "all forwarded to .valid"),
+    )
+    for label, what in (("count", "count only"), ("all", "all nine aggregates")):
+        s = sp.get(label, {})
+        steady = s.get("steady_events_per_s")
+        row(
+            f"Spark alone on `.valid`, {what} (1M, processor's plan)",
+            s.get("events_per_s"),
+            f"{_rate(steady)}/s after the first batch ({s.get('first_batch_s', '-')} s)",
+            _checked(spark, s.get("exact"), f"{sp.get('windows', 0):,} windows on the output topic"),
+        )
+    for label, what in (("count", "count only"), ("all", "all nine aggregates")):
+        p = pl.get(label, {})
+        alone = (sp.get(label, {}) or {}).get("events_per_s")
+        row(
+            f"**end to end**, 1M burst, {what} (raw topic → Redis)",
+            p.get("events_per_s"),
+            f"{_x(_ratio(p.get('events_per_s'), alone))} x Spark alone"
+            + (
+                f", {_x(_ratio(p.get('events_per_s'), slowest_alone))} x slowest stage alone"
+                if label == "count"
+                else ""
+            ),
+            _checked(pipeline, p.get("exact"), f"{pl.get('windows', 0):,} windows in Redis"),
+        )
+    fa = faust or {}
+    row(
+        f"faust-streaming peer, count only ({fa.get('events', 0):,} events, raw topic → Redis)",
+        fa.get("events_per_s"),
+        f"StreamForge {_x(_ratio(pl.get('count', {}).get('events_per_s'), fa.get('events_per_s')))} x faust",
+        _checked(faust, fa.get("exact"), f"{fa.get('windows', 0):,} windows in Redis"),
+    )
+    out = ["### Throughput", "", *lines, ""]
+    out += (
+        _freshness_md(parts.get("freshness"))
+        + _recovery_md(parts.get("recovery"))
+        + _memory_md(parts.get("memory"))
+    )
+    loads = [
+        f"{name} {p['load_average_1m']['start']}-{p['load_average_1m']['end']}"
+        for name, p in parts.items()
+        if isinstance(p.get("load_average_1m"), dict)
+    ]
+    commits = sorted({p.get("commit", "?") for p in parts.values()})
+    out += [
+        f"`make bench` on {os.cpu_count()} cores, commit {', '.join(commits) or commit}; "
+        f"1-minute load average per part (start-end): {'; '.join(loads)}. "
+        "Every throughput figure: events ÷ seconds from the first event produced until the result "
+        "equalled a plain-Python oracle.",
+        "",
+    ]
+    return "\n".join(out)
+
+
+def _freshness_md(part: Part | None) -> list[str]:
+    out = ["### Freshness (marker event sent → its window's hash written in Redis)", ""]
+    if part is None or "error" in part:
+        return [*out, "not run" if part is None else f"failed: {part['error']}", ""]
+    out += [
+        "| mode | events/s | p50 | p95 | p99 | max | markers | checked |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for mode, m in part.get("modes", {}).items():
+        label = mode.replace("_", "-")
+        if not m.get("available"):
+            out.append(f"| {label} | - | not available: {m.get('reason', '?')} | | | | | |")
+            continue
+        label += f" (trigger {m.get('trigger_interval_ms')} ms)"
+        for rate, p in m.get("points", {}).items():
+            checked = "exact" if m.get("exact") else "**NOT exact**"
+            if p.get("lost"):
+                checked += f", {p['lost']} markers never seen"
+            out.append(
+                f"| {label} | {int(rate):,} | {_ms(p.get('p50_ms'))} | {_ms(p.get('p95_ms'))} | "
+                f"{_ms(p.get('p99_ms'))} | {_ms(p.get('max_ms'))} | {p.get('markers', 0)} | {checked} |"
+            )
+    return [*out, ""]
+
+
+def _recovery_md(part: Part | None) -> list[str]:
+    out = ["### Recovery after SIGKILL of the processor (driver and JVM), restarted at once", ""]
+    if part is None or "error" in part:
+        return [*out, "not run" if part is None else f"failed: {part['error']}", ""]
+    out += [
+        "| load | fresh again after | max freshness | fresh means | processor ready after | checked |",
+        "|---|---:|---:|---|---:|---|",
+        f"| {part.get('rate', 0):,} events/s + {part.get('marker_rate', 0)} markers/s | "
+        f"{part.get('recovery_s', '-')} s | {part.get('max_freshness_s', '-')} s | "
+        f"≤ {part.get('threshold_s', '-')} s (max of 1 s and the p99 before the kill) | "
+        f"{part.get('restart_ready_s', '-')} s | {'exact' if part.get('exact') else '**NOT exact**'} |",
+        "",
+        "Fresh again = from the kill until the last marker slower than the threshold appeared in Redis; "
+        "every later marker was within it.",
+        "",
+    ]
+    return out
+
+
+def _memory_md(part: Part | None) -> list[str]:
+    out = [f"### Resident memory with {(part or {}).get('windows', 100_000):,} active windows (MiB)", ""]
+    if part is None or "error" in part:
+        return [*out, "not run" if part is None else f"failed: {part['error']}", ""]
+    rss = part.get("rss_mb", {})
+    names = [n for n in ("ingest", "processor", "sink", "control", "kafka", "redis") if n in rss]
+    state = part.get("state_rows")
+    checked = "exact" if part.get("exact") else "**NOT exact**"
+    if isinstance(state, int):
+        checked += f", {state:,} rows in the processor's state"
+    out += [
+        "| " + " | ".join(names) + " | stack total | (zipkin) | checked |",
+        "|" + "---:|" * (len(names) + 2) + "---|",
+        "| " + " | ".join(f"{rss[n]:,.0f}" for n in names) + f" | **{part.get('stack_total_mb', 0):,.0f}** | "
+        f"{rss.get('zipkin', 0):,.0f} | {checked} |",
+        "",
+        "Processor = its Python driver and its JVM; services are fresh processes; Zipkin (tracing UI) is "
+        "not counted in the total.",
+        "",
+    ]
+    return out
+
+
+# --- the chart ------------------------------------------------------------------------------------
+def chart(parts: dict[str, Part], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 3, figsize=(20, 10.5))
+    _chart_throughput(axes[0][0], parts)
+    _chart_freshness(axes[0][1], parts.get("freshness"))
+    _chart_burst(axes[0][2], parts.get("pipeline"))
+    _chart_cores(axes[1][0], parts.get("pipeline"))
+    _chart_recovery(axes[1][1], parts.get("recovery"))
+    _chart_memory(axes[1][2], parts.get("memory"))
+    fig.suptitle(f"StreamForge make bench ({time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def _empty(ax: Any, title: str, why: str) -> None:
+    ax.set_title(title)
+    ax.text(0.5, 0.5, why, ha="center", va="center", wrap=True, transform=ax.transAxes)
+    ax.set_axis_off()
+
+
+def _chart_throughput(ax: Any, parts: dict[str, Part]) -> None:
+    f = figures(parts)
+    rows = [
+        ("raw produce", f["kafka_produce_events_per_s"], parts.get("kafka", {}).get("exact")),
+        ("raw consume", f["kafka_consume_events_per_s"], parts.get("kafka", {}).get("exact")),
+        ("ingest alone", f["ingest_events_per_s"], parts.get("ingest", {}).get("exact")),
+        (
+            "Spark alone, count",
+            f["spark_count_events_per_s"],
+            parts.get("spark", {}).get("count", {}).get("exact"),
+        ),
+        (
+            "Spark alone, all nine",
+            f["spark_all_events_per_s"],
+            parts.get("spark", {}).get("all", {}).get("exact"),
+        ),
+        (
+            "end to end, count",
+            f["e2e_count_events_per_s"],
+            parts.get("pipeline", {}).get("count", {}).get("exact"),
+        ),
+        (
+            "end to end, all nine",
+            f["e2e_all_events_per_s"],
+            parts.get("pipeline", {}).get("all", {}).get("exact"),
+        ),
+        ("faust peer, count", f["faust_count_events_per_s"], parts.get("faust", {}).get("exact")),
+    ]
+    rows = [r for r in rows if isinstance(r[1], int | float)]
+    if not rows:
+        return _empty(ax, "Throughput", "no throughput part has run")
+    labels = [r[0] for r in rows][::-1]
+    values = [r[1] for r in rows][::-1]
+    colors = ["tab:green" if r[2] else "tab:red" for r in rows][::-1]
+    ax.barh(labels, values, color=colors)
+    ax.set_xscale("log")
+    ax.set_xlabel("events/s (log; green: exact against the oracle)")
+    ax.set_title("Throughput")
+    for i, v in enumerate(values):
+        ax.text(v, i, f" {v:,.0f}", va="center", fontsize=8)
+
+
+def _chart_freshness(ax: Any, part: Part | None) -> None:
+    if not part or "error" in part:
+        return _empty(ax, "Freshness", "not run" if not part else part["error"])
+    groups = []
+    notes = []
+    for mode, m in part.get("modes", {}).items():
+        if not m.get("available"):
+            notes.append(f"{mode}: not available")
+            continue
+        for rate, p in m.get("points", {}).items():
+            groups.append((f"{mode.replace('_', '-')}\n{int(rate):,}/s", p))
+    if not groups:
+        return _empty(ax, "Freshness", "\n".join(notes) or "no point measured")
+    qs = ("p50_ms", "p95_ms", "p99_ms", "max_ms")
+    width = 0.2
+    for j, q in enumerate(qs):
+        xs = [i + (j - 1.5) * width for i in range(len(groups))]
+        ax.bar(xs, [p.get(q) or 0 for _, p in groups], width, label=q.removesuffix("_ms"))
+    ax.set_xticks(range(len(groups)), [g for g, _ in groups])
+    ax.set_yscale("log")
+    ax.set_ylabel("ms (log)")
+    ax.set_title("Freshness: marker sent → its window in Redis")
+    ax.legend(fontsize=8)
+    if notes:
+        ax.text(0.01, 0.98, "\n".join(notes), transform=ax.transAxes, va="top", fontsize=8)
+
+
+def _chart_burst(ax: Any, part: Part | None) -> None:
+    if not part or "error" in part:
+        return _empty(ax, "1M burst: progress per stage", "not run" if not part else part["error"])
+    styles = {"count": "-", "all": "--"}
+    for label, run in ((k, part.get(k, {})) for k in ("count", "all")):
+        stages = run.get("progress", {})
+        for stage, color in (("ingest", "tab:blue"), ("processor", "tab:orange"), ("redis", "tab:green")):
+            points = stages.get(stage) or []
+            if points:
+                ax.plot(
+                    [t for t, _ in points],
+                    [n for _, n in points],
+                    styles[label],
+                    color=color,
+                    label=f"{stage} ({label})",
+                )
+    ax.set_xlabel("seconds since the first event was produced")
+    ax.set_ylabel("events done")
+    ax.set_title("1M burst: events through each stage")
+    if ax.lines:
+        ax.legend(fontsize=8)
+
+
+def _chart_cores(ax: Any, part: Part | None) -> None:
+    if not part or "error" in part:
+        return _empty(ax, "CPU during the burst", "not run" if not part else part["error"])
+    names = ["ingest", "processor", "sink", "control", "kafka", "redis", "zipkin", "machine"]
+    width = 0.4
+    for j, label in enumerate(("count", "all")):
+        cores = part.get(label, {}).get("cores", {})
+        ax.bar([i + (j - 0.5) * width for i in range(len(names))], [cores.get(n, 0) for n in names], width,
+               label=label)  # fmt: skip
+    ax.set_xticks(range(len(names)), names)
+    ax.axhline(os.cpu_count() or 2, color="grey", linestyle=":", linewidth=1)
+    ax.set_ylabel("cores used on average (process + children; machine: all processes)")
+    ax.set_title("CPU per process during the 1M burst")
+    ax.legend(fontsize=8)
+
+
+def _chart_recovery(ax: Any, part: Part | None) -> None:
+    if not part or "error" in part:
+        return _empty(ax, "Recovery after SIGKILL", "not run" if not part else part["error"])
+    markers = part.get("markers", [])
+    if not markers:
+        return _empty(ax, "Recovery after SIGKILL", "no markers")
+    ax.scatter([m[0] for m in markers], [m[1] for m in markers], s=4)
+    ax.axvline(0, color="red", linewidth=1, label="SIGKILL + restart")
+    if isinstance(part.get("recovery_s"), int | float):
+        ax.axvline(
+            part["recovery_s"], color="green", linewidth=1, label=f"fresh again ({part['recovery_s']} s)"
+        )
+    ax.axhline(part.get("threshold_s", 1), color="grey", linestyle=":", linewidth=1)
+    ax.set_yscale("log")
+    ax.set_xlabel("marker sent, seconds after the kill")
+    ax.set_ylabel("freshness, s (log)")
+    ax.set_title(f"Recovery under {part.get('rate', 0):,} events/s")
+    ax.legend(fontsize=8)
+
+
+def _chart_memory(ax: Any, part: Part | None) -> None:
+    if not part or "error" in part:
+        return _empty(ax, "Resident memory", "not run" if not part else part["error"])
+    rss = part.get("rss_mb", {})
+    names = [n for n in ("ingest", "processor", "sink", "control", "kafka", "redis", "zipkin") if n in rss]
+    ax.bar(names, [rss[n] for n in names])
+    for i, n in enumerate(names):
+        ax.text(i, rss[n], f"{rss[n]:,.0f}", ha="center", va="bottom", fontsize=8)
+    ax.set_ylabel("MiB resident")
+    ax.set_title(
+        f"Memory, {part.get('windows', 0):,} active windows (stack {part.get('stack_total_mb', 0):,.0f} MiB)"
+    )
+
+
+def write_report(out_dir: Path, names: tuple[str, ...]) -> str:
+    """Write report.json, report.md and report.png; returns the Markdown."""
+    parts = _load(out_dir, names)
+    commit = git_commit()
+    md = markdown(parts, commit)
+    report = {
+        "generated_at": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "commit": commit,
+        "cores": os.cpu_count(),
+        "figures": figures(parts),
+        "parts": parts,
+    }
+    (out_dir / "report.json").write_text(json.dumps(report, indent=2))
+    (out_dir / "report.md").write_text(md)
+    chart(parts, out_dir / "report.png")
+    return md
