@@ -97,8 +97,9 @@ def _string(value: Any) -> str:
 
 def _long(value: Any) -> int:
     if type(value) is not int:  # bool is not an int here
-        if type(value) is float and value.is_integer() and not MIN_LONG <= value <= MAX_LONG:
-            # orjson reads an integer beyond 64 bits as a float
+        if type(value) is float and value.is_integer() and abs(value) >= 2.0**63:
+            # orjson reads an integer beyond 64 bits as a float (-2**63 - 1 rounds to -2.0**63 there;
+            # -2**63 itself arrives as an int)
             raise ValueError(f"integer {value:.0f} is outside the signed 64-bit range")
         raise ValueError(f"expected an integer, got {type(value).__name__}")
     if not MIN_LONG <= value <= MAX_LONG:

@@ -111,9 +111,10 @@ def test_a_record_too_large_to_forward_is_dead_lettered_and_every_stream_keeps_f
 def test_a_dead_letter_over_the_message_limit_is_truncated_and_says_so(
     kafka_bootstrap: str, unique: str, streams: tuple[StreamDefinition, StreamDefinition]
 ) -> None:
-    """A raw record the broker took (1,040,000 bytes) but ingest's producer cannot write back whole."""
+    """A raw record the broker took (1,040,000 bytes) but ingest's producer cannot write back whole: its
+    key field is so long that the forwarded record (key and value both hold it) is refused too."""
     poisoned, _ = streams
-    big = orjson.dumps(event(1, pad="p" * 1_040_000))
+    big = orjson.dumps(event(1, a="p" * 1_040_000))
     produce(kafka_bootstrap, poisoned.topic, [big, orjson.dumps(event(2))])
 
     ingest = Ingest(ingest_settings(kafka_bootstrap, unique), [poisoned])
@@ -134,7 +135,8 @@ def test_a_dead_letter_over_the_message_limit_is_truncated_and_says_so(
 
 def _with_small_limit(bootstrap: str, *topics: str) -> None:
     """Topics that refuse records over 4 KiB (created before ingest, which leaves them as they are)."""
-    futures = admin(bootstrap).create_topics(
+    client = admin(bootstrap)  # kept alive until the futures are done
+    futures = client.create_topics(
         [
             NewTopic(t, num_partitions=1, replication_factor=1, config={"max.message.bytes": "4096"})
             for t in topics
