@@ -71,6 +71,14 @@ def test_everyday_expressions_pass(spark: SparkSession, role: Role, text: str) -
         ("regexp_extract(page, page, 1)", "literal"),
         ("printf('%999999999d', ms)", "is not allowed"),
         ("input_file_name()", "outside"),
+        # issue 11's bypasses of the old deny-list, and its expressions that killed the JVM or held slots
+        ("system.builtin.raise_error('x')", "fails the job on purpose"),
+        ("IDENTIFIER('assert_true')(ms > 0)", "fails the job on purpose"),
+        ("builtin.current_timestamp()", "clock"),
+        ("IDENTIFIER('current_user')()", "clock"),
+        ("size(sequence(1, 300000000 + length(page)))", "sequence"),
+        ("length(repeat(page, 1000000000))", "repeat"),
+        ("page rlike '^(.*a){10}$'", "nested quantifiers"),
     ],
 )
 def test_hostile_expressions_are_refused_with_the_reason(
