@@ -87,7 +87,7 @@ def main() -> int:
     console.print(f"  Spark UI      http://127.0.0.1:{cfg.spark_ui_port}")
     console.print(f"  tracing UI    {cfg.zipkin_url}/zipkin/  (Zipkin)")
     if _serves(f"{cfg.control_url}/dashboard"):  # once control includes the dashboard router
-        console.print(f"  dashboard     {cfg.control_url}/dashboard")
+        console.print(f"  dashboard     {cfg.control_url}/dashboard#token={cfg.control_token}")
     console.print(f"  logs          {cfg.run_dir / 'logs'}")
     console.print(f"  API token     {token_file}  (read+write; curl -H 'Authorization: Bearer ...')")
     console.print(f"  CLI           SF_CLI_TOKEN=$(cat {token_file}) .venv/bin/streamforge list")

@@ -303,6 +303,7 @@ class JobSpec(_Model):
 
     @model_validator(mode="after")
     def _consistent(self) -> JobSpec:
+        self._check_topics()
         for name in self.derive:
             if not re.match(_IDENT, name) or name.startswith("__"):
                 raise ValueError(f"derived field name {name!r} must be an identifier not starting with '__'")
@@ -339,6 +340,24 @@ class JobSpec(_Model):
         if self.join is not None and (self.windowing is not None or self.dedup is not None):
             raise ValueError("a join job cannot also have a window or dedup: run a second job on its output")
         return self
+
+    def _check_topics(self) -> None:
+        """Kafka's internal topics (``__consumer_offsets``, ``__transaction_state``, ...) are nobody's to
+        read or write, and a job never writes into a topic it reads (control also keeps it out of other
+        jobs' inputs: ``input_topics``)."""
+        for topic in (self.output_topic, *(s.topic for s in self.sources)):
+            if topic.startswith("__"):
+                raise ValueError(f"topic {topic!r} starts with '__': those are Kafka's internal topics")
+        if self.output_topic in self.input_topics:
+            raise ValueError(
+                f"output_topic {self.output_topic!r} is one of this job's own input topics "
+                f"({', '.join(sorted(self.input_topics))}): pick another"
+            )
+
+    @property
+    def input_topics(self) -> set[str]:
+        """Every topic of the job's streams: raw, valid, late and dead-letter."""
+        return {t for s in self.sources for t in (s.topic, s.valid_topic, s.late_topic, s.dlq_topic)}
 
     def _check_join(self, join: Join) -> None:
         left, right = self.source, join.source
@@ -441,11 +460,42 @@ def load_job_spec(path: str | Path) -> JobSpec:
     return parse_job_spec(text, yaml_format=p.suffix in (".yaml", ".yml"))
 
 
+# A job spec nests a few levels; deeper YAML is refused before it is built (PyYAML's constructor
+# recurses: RecursionError at ~900 levels, and libyaml's crashes the process at ~50,000).
+MAX_SPEC_DEPTH = 32
+# libyaml's safe loader where PyYAML has it (about 50x faster than the pure-Python one).
+_YAML_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_YAML_OPEN = (yaml.SequenceStartEvent, yaml.MappingStartEvent)
+_YAML_CLOSE = (yaml.SequenceEndEvent, yaml.MappingEndEvent)
+
+
+def _yaml_depth_problem(text: str | bytes) -> str | None:
+    """Scans the YAML's events (flat, no recursion): why it is refused, or None."""
+    depth = 0
+    for event in yaml.parse(text, Loader=_YAML_LOADER):
+        if isinstance(event, _YAML_OPEN):
+            depth += 1
+            if depth > MAX_SPEC_DEPTH:
+                return f"job spec nests deeper than {MAX_SPEC_DEPTH} levels"
+        elif isinstance(event, _YAML_CLOSE):
+            depth -= 1
+    return None
+
+
 def parse_job_spec(text: str | bytes, *, yaml_format: bool = False) -> JobSpec:
+    """A spec from JSON or YAML text; SpecError (with what to fix) for anything else."""
     try:
-        raw = yaml.safe_load(text) if yaml_format else orjson.loads(text)
+        if yaml_format:
+            problem = _yaml_depth_problem(text)
+            if problem is not None:
+                raise SpecError(problem)
+            raw = yaml.load(text, Loader=_YAML_LOADER)
+        else:
+            raw = orjson.loads(text)  # refuses more than 1024 levels itself
     except (yaml.YAMLError, orjson.JSONDecodeError) as e:
         raise SpecError(f"job spec is not valid {'YAML' if yaml_format else 'JSON'}: {e}") from e
+    except RecursionError:
+        raise SpecError(f"job spec nests deeper than {MAX_SPEC_DEPTH} levels") from None
     if not isinstance(raw, dict):
         raise SpecError("job spec must be a mapping at the top level")
     return _validate(raw)

@@ -26,7 +26,7 @@ from typing import Any
 
 from services.control.context import ControlContext
 from services.control.dispatch import Dispatcher, active_specs, specs_digest, wait
-from services.control.errors import ControlError, JobNotFound, PathRefused
+from services.control.errors import ControlError, JobConflict, JobNotFound, PathRefused
 from services.control.metrics import CONTROL_INSTANCES, CONTROL_JOBS
 from services.control.peers import Peers
 from services.control.registry import SERVICES, Registry
@@ -34,8 +34,8 @@ from services.control.settings import ControlSettings
 from services.control.store import InstanceRecord, InstanceStore, JobRecord, JobStore
 from services.control.transitions import Transitions
 from shared.clock import Clock, wall_clock_ms
-from shared.jobspec import JobSpec
-from shared.jobstate import JobState
+from shared.jobspec import JobSpec, spec_from_json
+from shared.jobstate import ACTIVE_STATES, JobState
 from shared.paths import refusal, under_roots
 
 log = logging.getLogger(__name__)
@@ -111,10 +111,22 @@ class JobManager:
         """Store the job (CREATED) and start it; ``trusted_savepoint``: the path came from a processor."""
         if not trusted_savepoint:
             self.check_savepoint_path(from_savepoint, "from_savepoint")
+        self.check_output_topic(spec)
         self.transitions.create(spec, from_savepoint)
         wait(self.dispatch.start_job(spec.id), wait_s)
         self.wake()  # ingest and the sink get the new stream
         return self.get(spec.id)
+
+    def check_output_topic(self, spec: JobSpec) -> None:
+        """A job must not write into another active job's input (it would inject events there)."""
+        for job in self.jobs.list():
+            if job.id == spec.id or job.state not in ACTIVE_STATES:
+                continue
+            if spec.output_topic in spec_from_json(job.spec_json).input_topics:
+                raise JobConflict(
+                    f"output_topic {spec.output_topic!r} is an input topic of job {job.id!r}: "
+                    "a job never writes into another job's input; pick another output_topic"
+                )
 
     def get(self, job_id: str) -> JobRecord:
         job = self.jobs.get(job_id)

@@ -145,6 +145,23 @@ def test_wrong_media_type_is_415_and_an_oversized_spec_413(api: TestClient, uniq
     assert resp.status_code == 413
 
 
+def test_yaml_nested_deeper_than_a_spec_is_422_not_500(api: TestClient, unique: str) -> None:
+    body = f"id: {unique}\nsource: " + "[" * 5000 + "]" * 5000
+    resp = api.post("/jobs", content=body, headers={**auth(), "Content-Type": "application/yaml"})
+    assert resp.status_code == 422, resp.text
+    assert "nests deeper than" in resp.json()["detail"]
+
+
+def test_a_job_may_not_write_into_another_jobs_input(api: TestClient, unique: str) -> None:
+    assert submit(api, spec(unique)).status_code == 201  # CREATED (no processor): active all the same
+    for topic in (f"{unique}-clicks", f"{unique}-clicks.valid", f"{unique}-clicks.dlq"):
+        other = spec(f"{unique}-x", output_topic=topic)
+        resp = submit(api, other)
+        assert resp.status_code == 409, resp.text
+        assert f"is an input topic of job '{unique}'" in resp.json()["detail"]
+    assert api.get(f"/jobs/{unique}-x", headers=auth()).status_code == 404
+
+
 def test_a_spec_the_processor_rejects_is_422_and_the_job_failed(
     api: TestClient, plane: ControlPlane, instances: list[FakeInstance], unique: str
 ) -> None:
@@ -379,6 +396,7 @@ READS = [
     "/jobs/some-job/results",
     "/services",
     "/cluster/metrics",
+    "/dashboard/data",  # every job's keys and values (issue 11.4: it was open)
 ]
 
 
@@ -409,7 +427,7 @@ def test_reads_need_the_read_scope_once_tokens_are_configured(api: TestClient, p
     assert api.get(path, headers=auth(READ_TOKEN)).status_code in (200, 404)
     assert api.get(path, headers=auth(WRITE_TOKEN)).status_code in (200, 404)
     # Probes and docs stay open.
-    for open_path in ("/healthz", "/metrics", "/openapi.json", "/docs"):
+    for open_path in ("/healthz", "/metrics", "/openapi.json", "/docs", "/dashboard"):
         assert api.get(open_path).status_code == 200
 
 
@@ -466,5 +484,5 @@ def test_dashboard_shows_only_active_jobs(api: TestClient, unique: str) -> None:
     for job_id in (kept, canceled):
         assert submit(api, spec(job_id)).status_code == 201  # no processor: CREATED
     assert api.post(f"/jobs/{canceled}/cancel", headers=auth()).json()["state"] == "CANCELED"
-    shown = {j["job"] for j in api.get("/dashboard/data").json()["jobs"]}
+    shown = {j["job"] for j in api.get("/dashboard/data", headers=auth(READ_TOKEN)).json()["jobs"]}
     assert kept in shown and canceled not in shown

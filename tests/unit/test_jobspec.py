@@ -291,3 +291,36 @@ def test_shipped_examples_cover_every_job_kind() -> None:
         and specs["word_count"].emit == "on_window_close"
     )
     assert isinstance(specs["sensor_readings"].window, SlidingWindow)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"output_topic": "__consumer_offsets"}, "Kafka's internal topics"),
+        ({"output_topic": "__transaction_state"}, "Kafka's internal topics"),
+        ({"output_topic": "clicks"}, "one of this job's own input topics"),
+        ({"output_topic": "clicks.valid"}, "one of this job's own input topics"),
+        ({"output_topic": "clicks.dlq"}, "one of this job's own input topics"),
+    ],
+)
+def test_output_topics_that_would_inject_into_kafka_or_the_jobs_own_input_are_refused(
+    changes: dict[str, object], message: str
+) -> None:
+    with pytest.raises(SpecError, match=re.escape(message)):
+        parse(**changes)
+
+
+def test_a_source_topic_may_not_be_internal() -> None:
+    source = dict(spec_dict()["source"])  # type: ignore[call-overload]
+    source["topic"] = "__consumer_offsets"
+    with pytest.raises(SpecError, match="Kafka's internal topics"):
+        parse(source=source)
+
+
+@pytest.mark.parametrize("depth", [40, 900, 50_000])
+def test_yaml_nested_too_deep_is_a_spec_error_not_a_crash(depth: int) -> None:
+    """PyYAML's constructor recursed (RecursionError at ~900) and libyaml's crashed the process
+    (~50,000): the depth is checked on the parser's events first."""
+    text = "id: x\nsource: " + "[" * depth + "]" * depth
+    with pytest.raises(SpecError, match="nests deeper than 32 levels"):
+        parse_job_spec(text, yaml_format=True)

@@ -7,9 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import redis
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse
 
+from services.control.api.auth import AUTH_RESPONSES, require_read
 from services.control.dashboard.data import DashboardSources, collect
 from services.control.dashboard.settings import DashboardSettings
 
@@ -49,7 +50,8 @@ def dashboard_page() -> HTMLResponse:
     return HTMLResponse(_page(), headers={"Cache-Control": "no-store"})
 
 
-@router.get("/dashboard/data")
+# The data holds every job's keys and values: it needs the read scope, as the results API does.
+@router.get("/dashboard/data", dependencies=[Depends(require_read)], responses=AUTH_RESPONSES)
 async def dashboard_data(request: Request) -> dict[str, Any]:
     """Per job: throughput (rows/s), p95 processing latency, watermark lag, totals, per-service rows,
     and the latest windows of the job's first numeric aggregate, one series per key."""

@@ -75,7 +75,8 @@ async def _read_spec(request: Request, max_bytes: int) -> JobSpec:
     if not body.strip():
         raise HTTPException(422, "the request body is empty: send a job spec as JSON or YAML")
     try:
-        return parse_job_spec(bytes(body), yaml_format=media in YAML_TYPES)
+        # Off the event loop: a large spec must not hold every other request (/healthz waited 13 s).
+        return await run_in_threadpool(parse_job_spec, bytes(body), yaml_format=media in YAML_TYPES)
     except SpecError as e:
         raise HTTPException(422, str(e)) from e
 
