@@ -41,3 +41,7 @@ class JobState(StrEnum):
 FINAL_STATES = frozenset({JobState.FAILED, JobState.CANCELED, JobState.FINISHED})
 # Jobs that should be running, or soon: their specs are the ones pushed to ingest and the sink.
 ACTIVE_STATES = frozenset({JobState.CREATED, JobState.RUNNING, JobState.FAILING, JobState.CANCELLING})
+
+# How a processor's message starts when it quarantined a job (it kept killing Spark's JVM): control
+# then fails the job for good instead of restarting it.
+QUARANTINED = "quarantined:"

@@ -17,7 +17,7 @@ from services.control.errors import ControlError
 from services.control.metrics import CONTROL_HEARTBEATS
 from services.control.store import InstanceRecord, JobRecord
 from services.control.transitions import SHOULD_RUN, STARTABLE, Transitions
-from shared.jobstate import JobState
+from shared.jobstate import QUARANTINED, JobState
 from shared.proto import streamforge_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -185,6 +185,9 @@ class Registry:
             self.transitions.move(
                 job.id, JobState.FAILING, f"{who} is restarting the job: {reason}", only_from={job.state}
             )
+        elif state == JobState.FAILED and job.state in SHOULD_RUN and reason.startswith(QUARANTINED):
+            # It kept killing the processor's JVM: restarting it would do that again.
+            self.transitions.move(job.id, JobState.FAILED, f"{who}: {reason}", only_from={job.state})
         elif state == JobState.FAILED and job.state in SHOULD_RUN:
             if not job.needs_start:  # else: a restart is already on its way
                 self.transitions.count_failure(job.id, f"{who} gave up on the job: {reason}")

@@ -110,7 +110,17 @@ class Processor:
         """Supervise the jobs until stop(); start() first, close() after."""
         assert self.manager is not None
         while not self._stop.wait(1.0):
-            self.manager.supervise()
+            try:
+                self.manager.supervise()
+            except (Py4JError, ConnectionError) as e:
+                if self._stop.is_set():
+                    return  # stopping: the JVM may go first
+                # Spark's JVM died (out of memory, killed): the running jobs get a strike, so a job
+                # that keeps killing it is quarantined when the processor comes back.
+                struck = self.manager.record_crash()
+                raise ProcessorError(
+                    f"Spark's JVM died ({type(e).__name__}) while jobs {struck} ran; restart the processor"
+                ) from e
 
     def close(self) -> None:
         # SIGTERM to the process group (how the stack stops services) reaches Spark's JVM too, which

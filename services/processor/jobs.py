@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,7 +41,7 @@ from services.processor.settings import ProcessorSettings
 from services.processor.store import JobStore, StoredJob
 from shared.errors import SpecError
 from shared.jobspec import JobSpec
-from shared.jobstate import ACTIVE_STATES, JobState
+from shared.jobstate import ACTIVE_STATES, QUARANTINED, JobState
 from shared.kafka import ensure_topics
 from shared.paths import refusal, under_roots
 
@@ -58,6 +59,7 @@ class Job:
     failures: int = 0
     retry_at: float = 0.0
     running_since: float = 0.0
+    crashes: int = 0  # JVM deaths while it ran, since its last completed micro-batch (stored)
 
 
 @dataclass(frozen=True)
@@ -167,7 +169,7 @@ class JobManager:
         except AnalysisException as e:
             raise SpecError(f"job {spec.id}: Spark cannot run this spec: {_first_line(e)}") from None
 
-    def start(self, spec: JobSpec, from_savepoint: str = "") -> JobView:
+    def start(self, spec: JobSpec, from_savepoint: str = "", *, crashes: int = 0) -> JobView:
         with self._command_lock:
             with self._table_lock:
                 current = self._jobs.get(spec.id)
@@ -186,10 +188,10 @@ class JobManager:
                     log.info("job %s: previous checkpoint moved to %s", spec.id, moved)
             else:
                 savepoints.write_note(checkpoint, spec.id, epoch)
-            job = Job(spec=spec, epoch=epoch, state=JobState.CREATED)
+            job = Job(spec=spec, epoch=epoch, state=JobState.CREATED, crashes=crashes)
             self._set(job)
             self._run(job, plan)
-            self.store.put(StoredJob(spec=spec, should_run=True, epoch=epoch))
+            self.store.put(StoredJob(spec=spec, should_run=True, epoch=epoch, crashes=crashes))
             return self._view(job)
 
     def _epoch_for(self, job_id: str, savepoint: savepoints.Savepoint | None) -> int:
@@ -278,6 +280,30 @@ class JobManager:
         self._set(job, query=None)
 
     # --- supervision ------------------------------------------------------------------------------
+    def record_crash(self) -> Sequence[str]:
+        """Spark's JVM died under us: a strike in the store for every job that was running (a job that
+        keeps killing the JVM is then quarantined at the next start). The ids of those jobs."""
+        with self._table_lock:
+            running = [j for j in self._jobs.values() if j.state in (JobState.RUNNING, JobState.FAILING)]
+        return [job.spec.id for job in running if self._strike(job.spec.id)]
+
+    def _strike(self, job_id: str) -> bool:
+        stored = self.store.get(job_id)
+        if stored is None or not stored.should_run:
+            return False
+        self.store.put(stored.with_(crashes=stored.crashes + 1))
+        return True
+
+    def _clear_crashes(self, job: Job) -> None:
+        """A job that completed a micro-batch after a JVM death was not what killed it."""
+        query = job.query
+        if job.crashes == 0 or query is None or query.lastProgress is None:
+            return
+        stored = self.store.get(job.spec.id)
+        if stored is not None:
+            self.store.put(stored.with_(crashes=0))
+        self._set(job, crashes=0)
+
     def supervise(self, now: float | None = None) -> None:
         """Notice dead queries; restart them from their checkpoint with back-off, or fail the job."""
         now = time.monotonic() if now is None else now
@@ -286,6 +312,8 @@ class JobManager:
             jobs = list(self._jobs.values())
         for job in jobs:
             query = job.query
+            if job.state == JobState.RUNNING and job.crashes:
+                self._clear_crashes(job)
             if job.state == JobState.RUNNING and query is not None and not query.isActive:
                 error = query.exception()
                 if error is None:  # stopped behind our back
@@ -313,12 +341,24 @@ class JobManager:
                         self._set(job, state=JobState.FAILED, message=_first_line(e))
 
     def resume_stored(self, skip: set[str]) -> None:
-        """Start again every job that ran when the processor last stopped (or died)."""
+        """Start again every job that ran when the processor last stopped (or died), except those
+        quarantined: running each of the last ``job_quarantine_crashes`` times Spark's JVM died."""
+        limit = self.settings.job_quarantine_crashes
         for stored in self.store.all():
             if not stored.should_run or stored.spec.id in skip:
                 continue
+            if limit and stored.crashes >= limit:
+                message = (
+                    f"{QUARANTINED} Spark's JVM died {stored.crashes} times while this job ran, before it "
+                    "completed a micro-batch; it is not resumed. Check its expressions and volume, then "
+                    "submit it again"
+                )
+                log.error("job %s %s", stored.spec.id, message)
+                self.store.put(stored.with_(should_run=False))
+                self._set(Job(spec=stored.spec, epoch=stored.epoch, state=JobState.FAILED, message=message))
+                continue
             try:
-                self.start(stored.spec)
+                self.start(stored.spec, crashes=stored.crashes)
             except (ProcessorError, SpecError) as e:
                 log.error("job %s not resumed: %s", stored.spec.id, e)
 

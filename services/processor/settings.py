@@ -38,6 +38,9 @@ class ProcessorSettings(BaseServiceSettings):
     job_restart_attempts: int = Field(3, ge=0)
     job_restart_backoff_ms: int = Field(2_000, ge=0)
     job_failure_reset_s: float = Field(300, ge=0)
+    # A job that was running each of the last this-many times Spark's JVM died, without completing a
+    # micro-batch in between, is quarantined: FAILED with the reason and not resumed (0: never).
+    job_quarantine_crashes: int = Field(2, ge=0)
     # How long a stop with savepoint waits for the running micro-batch to end.
     stop_timeout_ms: int = Field(30_000, ge=0)
 

@@ -2,8 +2,9 @@
 
 ``<data_dir>/jobs/<job_id>.json`` holds the spec, whether the job should run, the highest epoch the
 job id has used (versions must keep growing across restores: see ``versions``) and its last
-savepoint. A processor that restarts (after SIGKILL too) starts again every job that should run,
-from its checkpoint, in the same epoch.
+savepoint, and how often Spark's JVM died while it ran. A processor that restarts (after SIGKILL too)
+starts again every job that should run, from its checkpoint, in the same epoch, unless the job was
+running each time the JVM died lately (see JobManager.record_crash).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ class StoredJob:
     should_run: bool
     epoch: int
     savepoint_path: str = ""
+    # Times Spark's JVM died while the job ran, since its last completed micro-batch.
+    crashes: int = 0
 
     def with_(self, **changes: object) -> StoredJob:
         return replace(self, **changes)  # type: ignore[arg-type]
@@ -45,6 +48,7 @@ class JobStore:
                 should_run=bool(raw["should_run"]),
                 epoch=int(raw["epoch"]),
                 savepoint_path=str(raw.get("savepoint_path", "")),
+                crashes=int(raw.get("crashes", 0)),
             )
         except FileNotFoundError:
             return None
@@ -59,6 +63,7 @@ class JobStore:
             "should_run": job.should_run,
             "epoch": job.epoch,
             "savepoint_path": job.savepoint_path,
+            "crashes": job.crashes,
         }
         path = self._path(job.spec.id)
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:6]}.tmp")

@@ -8,6 +8,7 @@ StreamConfig pushes to ingest and the sink, health probes, and control restartin
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import grpc
@@ -200,6 +201,19 @@ def test_reported_failures_restart_the_job_until_the_limit(
         )
     finally:
         control.stop()
+
+
+def test_a_job_the_processor_quarantined_fails_for_good_without_a_restart(
+    plane: ControlPlane, instances: list[FakeInstance], unique: str
+) -> None:
+    p: FakeProcessor = start(FakeProcessor(plane.grpc_target), instances)
+    plane.manager.submit(job_spec(unique), wait_s=5)
+    p.fail_job(unique, "quarantined: Spark's JVM died 2 times while this job ran")
+    wait_until(lambda: state(plane, unique) == JobState.FAILED, what="FAILED")
+    job = plane.jobs.get(unique)
+    assert job is not None and job.restarts == 0 and "quarantined" in job.message
+    time.sleep(0.5)  # a few sweeps: still no restart
+    assert len(p.starts) == 1
 
 
 def test_a_processor_restarting_a_job_itself_is_followed_not_interfered_with(
