@@ -96,6 +96,18 @@ class Load:
         if self.producer.flush(60) != 0:
             raise RuntimeError(f"not every event reached {self.topic}")
 
+    def wait_exact(self, client: redis.Redis, job_id: str, timeout_s: float = 180) -> workload.Outcome:
+        """Flush, then wait until Redis holds exactly the counts of everything sent (markers too)."""
+        self.flush()
+        return workload.wait_for_oracle(
+            workload.RedisWindows(client, job_id),
+            self.sent,
+            lambda got: workload.count_problems(got, self.counts),
+            [workload.COUNT_FIELD],
+            t0=0.0,
+            timeout_s=timeout_s,
+        )
+
 
 class MarkerWatch:
     """The first time each marker's window hash was written, from Redis keyspace notifications."""

@@ -71,6 +71,18 @@ def run_until(ingest: Ingest, expected: int, timeout_s: float = 60) -> int:
     return consumed
 
 
+def ingest_all(
+    bootstrap: str, unique: str, streams: list[StreamDefinition], expected: int, timeout_s: float = 60
+) -> None:
+    """A real ingest over ``streams`` until it consumed ``expected`` records, then closed."""
+    ingest = Ingest(ingest_settings(bootstrap, unique), streams)
+    ingest.start(track_progress=False)
+    try:
+        assert run_until(ingest, expected, timeout_s) == expected
+    finally:
+        ingest.close()
+
+
 def headers_of(m: Any) -> dict[str, bytes]:
     return dict(m.headers() or [])
 
@@ -91,12 +103,7 @@ def test_a_record_too_large_to_forward_is_dead_lettered_and_every_stream_keeps_f
     produce(kafka_bootstrap, poisoned.topic, [orjson.dumps(event(0)), big, orjson.dumps(event(2))])
     produce(kafka_bootstrap, other.topic, [orjson.dumps(event(i)) for i in range(5)])
 
-    ingest = Ingest(ingest_settings(kafka_bootstrap, unique), [poisoned, other])
-    ingest.start(track_progress=False)
-    try:
-        assert run_until(ingest, 8) == 8
-    finally:
-        ingest.close()
+    ingest_all(kafka_bootstrap, unique, [poisoned, other], 8)
 
     assert len(read_all(kafka_bootstrap, other.source.valid_topic, min_count=5)) == 5
     forwarded = read_all(kafka_bootstrap, poisoned.source.valid_topic, min_count=2)
@@ -117,12 +124,7 @@ def test_a_dead_letter_over_the_message_limit_is_truncated_and_says_so(
     big = orjson.dumps(event(1, a="p" * 1_040_000))
     produce(kafka_bootstrap, poisoned.topic, [big, orjson.dumps(event(2))])
 
-    ingest = Ingest(ingest_settings(kafka_bootstrap, unique), [poisoned])
-    ingest.start(track_progress=False)
-    try:
-        assert run_until(ingest, 2) == 2
-    finally:
-        ingest.close()
+    ingest_all(kafka_bootstrap, unique, [poisoned], 2)
 
     (dead,) = read_all(kafka_bootstrap, poisoned.source.dlq_topic, min_count=1)
     h = headers_of(dead)
@@ -158,12 +160,7 @@ def test_a_record_the_broker_refuses_is_found_and_dead_lettered(
     values[17] = orjson.dumps(event(17, a=os.urandom(10_000).hex()))  # incompressible
     produce(kafka_bootstrap, poisoned.topic, values)
 
-    ingest = Ingest(ingest_settings(kafka_bootstrap, unique), [poisoned])
-    ingest.start(track_progress=False)
-    try:
-        assert run_until(ingest, 30, timeout_s=120) == 30
-    finally:
-        ingest.close()
+    ingest_all(kafka_bootstrap, unique, [poisoned], 30, timeout_s=120)
 
     forwarded = read_all(kafka_bootstrap, poisoned.source.valid_topic, min_count=29)
     assert sorted(orjson.loads(m.value())["n"] for m in forwarded) == [i for i in range(30) if i != 17]
@@ -184,12 +181,7 @@ def test_a_record_whose_dead_letter_is_refused_too_is_dropped_and_the_stream_goe
     produce(kafka_bootstrap, poisoned.topic, values)
     before = metric("dlq_events_total", service="ingest", job=poisoned.topic, reason=UNWRITABLE)
 
-    ingest = Ingest(ingest_settings(kafka_bootstrap, unique), [poisoned])
-    ingest.start(track_progress=False)
-    try:
-        assert run_until(ingest, 10, timeout_s=120) == 10
-    finally:
-        ingest.close()
+    ingest_all(kafka_bootstrap, unique, [poisoned], 10, timeout_s=120)
 
     forwarded = read_all(kafka_bootstrap, poisoned.source.valid_topic, min_count=9)
     assert sorted(orjson.loads(m.value())["n"] for m in forwarded) == [i for i in range(10) if i != 4]
@@ -233,12 +225,7 @@ def test_json_nested_too_deep_is_dead_lettered(
     values = [deep, orjson.dumps(event(1))]
     produce(kafka_bootstrap, poisoned.topic, values)
 
-    ingest = Ingest(ingest_settings(kafka_bootstrap, unique), [poisoned])
-    ingest.start(track_progress=False)
-    try:
-        assert run_until(ingest, 2) == 2
-    finally:
-        ingest.close()
+    ingest_all(kafka_bootstrap, unique, [poisoned], 2)
 
     (dead,) = read_all(kafka_bootstrap, poisoned.source.dlq_topic, min_count=1)
     h = headers_of(dead)
