@@ -332,14 +332,33 @@ class JobSpec(_Model):
                     f"a {kind} job writes events, not window results: give it its own output_topic "
                     f"(not {constants.DEFAULT_AGGREGATES_TOPIC!r}, which holds window results)"
                 )
-        if self.trigger_mode == "real_time" and kind != "stateless":
-            raise ValueError(
-                f"trigger_mode real_time is for stateless jobs only (this is a {kind} job): Spark 4.2's "
-                "real-time mode runs no stateful operator (aggregation, dedup, stream-stream join)"
-            )
+        if self.trigger_mode == "real_time":
+            self._check_real_time(kind)
         if self.join is not None and (self.windowing is not None or self.dedup is not None):
             raise ValueError("a join job cannot also have a window or dedup: run a second job on its output")
         return self
+
+    def _check_real_time(self, kind: str) -> None:
+        """What Spark 4.3's real-time mode runs: stateless jobs, and tumbling or sliding windows whose
+        updates are emitted as they happen (it has the update output mode only)."""
+        if kind == "stateless":
+            return
+        if kind != "windowed" or self.dedup is not None:
+            raise ValueError(
+                f"trigger_mode real_time runs stateless jobs and tumbling or sliding windows (this is a "
+                f"{kind if self.dedup is None or kind != 'windowed' else 'dedup + window'} job): Spark's "
+                "real-time mode has no dedup or stream-stream join; use trigger_mode micro_batch"
+            )
+        if isinstance(self.windowing, SessionWindow):
+            raise ValueError(
+                "trigger_mode real_time does not run session windows: Spark emits them only when they "
+                "close (append mode), and real-time mode has the update mode only; use micro_batch"
+            )
+        if self.emit != "on_update":
+            raise ValueError(
+                "trigger_mode real_time needs emit: on_update: real-time mode has no append output mode, "
+                "so it cannot hold a window back until it closes; use micro_batch for on_window_close"
+            )
 
     def _check_topics(self) -> None:
         """Kafka's internal topics (``__consumer_offsets``, ``__transaction_state``, ...) are nobody's to

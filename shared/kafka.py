@@ -38,6 +38,12 @@ def ensure_topics(bootstrap: str, topics: Iterable[str], partitions: int, timeou
                 raise
 
 
+def partition_count(bootstrap: str, topic: str, timeout_s: float = 10.0) -> int:
+    """How many partitions ``topic`` has (0 if it does not exist)."""
+    found = admin(bootstrap).list_topics(topic, timeout=timeout_s).topics.get(topic)
+    return len(found.partitions) if found is not None and found.error is None else 0
+
+
 def consumer_config(bootstrap: str, group_id: str, **extra: object) -> dict[str, object]:
     """A consumer that only sees committed transactions and commits its offsets explicitly."""
     return {

@@ -36,13 +36,13 @@ from services.processor.errors import (
     SavepointError,
 )
 from services.processor.metrics import JOB_RESTARTS, JobMetricsListener, JobTotals
-from services.processor.query import Plan, build_plan, start_query
+from services.processor.query import REAL_TIME_SHUFFLE_PARTITIONS, Plan, build_plan, start_query
 from services.processor.settings import ProcessorSettings
 from services.processor.store import JobStore, StoredJob
 from shared.errors import SpecError
 from shared.jobspec import JobSpec
 from shared.jobstate import ACTIVE_STATES, QUARANTINED, JobState
-from shared.kafka import ensure_topics
+from shared.kafka import ensure_topics, partition_count
 from shared.paths import refusal, under_roots
 
 log = logging.getLogger(__name__)
@@ -210,6 +210,8 @@ class JobManager:
         try:
             topics = [s.valid_topic for s in spec.sources] + [spec.output_topic]
             ensure_topics(self.settings.kafka_bootstrap, topics, self.settings.topic_partitions)
+            if spec.trigger_mode == "real_time":
+                self._check_task_slots(spec)
             query = start_query(
                 self.spark,
                 spec,
@@ -227,6 +229,32 @@ class JobManager:
             raise ProcessorError(f"job {spec.id} did not start: {_first_line(e)}") from e
         self._set(job, query=query, state=JobState.RUNNING, message="", running_since=time.monotonic())
         log.info("job %s running (epoch %d, checkpoint %s)", spec.id, job.epoch, self.checkpoint_dir(spec.id))
+
+    def _slots_needed(self, spec: JobSpec) -> int:
+        """Task slots a real-time query holds for as long as it runs: a task per source partition,
+        and (windowed) one per shuffle partition."""
+        sources = sum(partition_count(self.settings.kafka_bootstrap, s.valid_topic) for s in spec.sources)
+        return sources + (REAL_TIME_SHUFFLE_PARTITIONS if spec.kind == "windowed" else 0)
+
+    def _check_task_slots(self, spec: JobSpec) -> None:
+        """A real-time query that cannot get all its task slots at once would wait forever (and starve
+        the micro-batch jobs): refuse it with what to change instead."""
+        slots = self.spark.sparkContext.defaultParallelism
+        with self._table_lock:
+            others = [
+                j.spec
+                for j in self._jobs.values()
+                if j.spec.id != spec.id and j.spec.trigger_mode == "real_time" and j.query is not None
+            ]
+        held = sum(self._slots_needed(o) for o in others)
+        needed = self._slots_needed(spec)
+        if held + needed > slots:
+            raise SpecError(
+                f"job {spec.id}: real-time mode holds {needed} task slot(s) for as long as it runs (one per "
+                f"source partition{', plus one for the window state' if spec.kind == 'windowed' else ''}); "
+                f"this processor has {slots} and other real-time jobs hold {held}. Use trigger_mode "
+                "micro_batch, fewer partitions, or more slots (SF_PROCESSOR_SPARK_MASTER=local[N])"
+            )
 
     def stop(self, job_id: str, savepoint: bool = False, savepoint_dir: str = "") -> JobView:
         with self._command_lock:

@@ -25,7 +25,7 @@ from services.processor.tracing import (
     spark_observed_traceparents_sql,
     spark_sampled_traceparent_sql,
 )
-from services.processor.versions import version_of
+from services.processor.versions import version_column, version_of
 from shared import constants
 from shared.errors import SpecError
 from shared.jobspec import (
@@ -52,6 +52,8 @@ KEY = "__key"
 SOURCE_PARTITION = "__partition"
 SOURCE_OFFSET = "__offset"
 WINDOW = "__window"
+ROWS = "__rows"  # real-time mode: rows aggregated into the window so far
+REAL_TIME_SHUFFLE_PARTITIONS = 1
 RIGHT_KEY = "__right_key"
 RIGHT_EVENT_TIME = "__right_event_time"
 # A record's W3C traceparent when it says "sampled", else NULL (see shared/TELEMETRY.md).
@@ -212,10 +214,13 @@ def _group_columns(spec: JobSpec) -> tuple[list[Column], Column]:
 def windowed(spec: JobSpec, rows: DataFrame) -> DataFrame:
     """Aggregates per (window, key): one column per output name, plus WINDOW and KEY."""
     group_cols, key = _group_columns(spec)
+    real_time = spec.trigger_mode == "real_time"
     aggregated = rows.groupBy(_window_column(spec).alias(WINDOW), *group_cols).agg(
         *[_aggregate(a).alias(f"__agg_{i}") for i, a in enumerate(spec.aggregations)],
         # One sampled event's trace context per window, carried to the sink as a header.
         F.max(TRACE).alias(TRACE),
+        # Real-time mode: the rows in the window so far make its versions (versions.version_column).
+        *([F.count(F.lit(1)).alias(ROWS)] if real_time else []),
     )
     outputs: list[Column] = []
     for i, agg in enumerate(spec.aggregations):
@@ -225,9 +230,10 @@ def windowed(spec: JobSpec, rows: DataFrame) -> DataFrame:
         else:
             outputs.append(F.col(f"__agg_{i}").alias(agg.name))
     keep = list(spec.group_by or spec.source.key)
+    rows_column = [ROWS] if real_time else []
     if spec.group_by is None:
-        return aggregated.select(WINDOW, KEY, *keep, *outputs, TRACE)
-    return aggregated.select(WINDOW, key.alias(KEY), *keep, *outputs, TRACE)
+        return aggregated.select(WINDOW, KEY, *keep, *outputs, TRACE, *rows_column)
+    return aggregated.select(WINDOW, key.alias(KEY), *keep, *outputs, TRACE, *rows_column)
 
 
 def _trace_header() -> Column:
@@ -240,8 +246,9 @@ def having(spark: SparkSession, spec: JobSpec, results: DataFrame) -> Column | N
     return checked_column(spark, spec.having, _row_schema(results), "having", "having")
 
 
-def to_window_results(spec: JobSpec, results: DataFrame, version: int) -> DataFrame:
+def to_window_results(spec: JobSpec, results: DataFrame, version: int | Column) -> DataFrame:
     """Rows in the aggregates topic's wire format (shared.records.WindowResult)."""
+    version_value = F.lit(version) if isinstance(version, int) else version
     aggregates = F.struct(*[F.col(n) for n in spec.aggregate_names])
     value = F.to_json(
         F.struct(
@@ -249,7 +256,7 @@ def to_window_results(spec: JobSpec, results: DataFrame, version: int) -> DataFr
             F.col(KEY).alias("key"),
             F.unix_millis(F.col(f"{WINDOW}.start")).alias("window_start"),
             F.unix_millis(F.col(f"{WINDOW}.end")).alias("window_end"),
-            F.lit(version).cast("long").alias("version"),
+            version_value.cast("long").alias("version"),
             F.lit(spec.emit == "on_window_close").alias("final"),
             aggregates.alias("aggregates"),
         ),
@@ -338,6 +345,30 @@ def start_query(
             .start()
         )
     condition = plan.having
+    if spec.trigger_mode == "real_time":
+        # No foreachBatch in real-time mode: results go straight to Kafka, each update versioned by
+        # the rows its window holds (see versions.version_column).
+        selected = plan.output if condition is None else plan.output.where(condition)
+        records = to_window_results(spec, selected, version_column(epoch, F.col(ROWS)))
+        writer = (
+            records.writeStream.queryName(spec.id)
+            .outputMode("update")
+            .option("checkpointLocation", checkpoint_dir)
+            .trigger(realTime=interval)  # type: ignore[call-overload]
+            .format("kafka")
+            .option("kafka.bootstrap.servers", bootstrap)
+            .option("topic", spec.output_topic)
+        )
+        # A real-time batch runs every task of every stage at once, for the whole batch: one task
+        # slot per source partition plus one per shuffle partition. One shuffle partition keeps that
+        # to (source partitions + 1); the number is fixed in the checkpoint at the first start.
+        shuffle = "spark.sql.shuffle.partitions"
+        previous = spark.conf.get(shuffle)
+        spark.conf.set(shuffle, str(REAL_TIME_SHUFFLE_PARTITIONS))
+        try:
+            return writer.start()
+        finally:
+            spark.conf.set(shuffle, previous or "200")
 
     def write_batch(batch: DataFrame, batch_id: int) -> None:
         selected = batch if condition is None else batch.where(condition)

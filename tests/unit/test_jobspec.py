@@ -152,7 +152,19 @@ def test_every_window_type_parses_and_tumbling_needs_no_type() -> None:
         ({"window": {"type": "sliding", "size": "5s", "slide": "10s"}}, "must not exceed size"),
         ({"window": {"type": "hopping", "size": "5s"}}, "window"),
         ({"dedup": {"fields": ["page"]}}, "dedup before a window needs emit: on_window_close"),
-        ({"trigger_mode": "real_time"}, "real_time is for stateless jobs only"),
+        (
+            {
+                "trigger_mode": "real_time",
+                "window": {"type": "session", "gap": "2s"},
+                "emit": "on_window_close",
+            },
+            "does not run session windows",
+        ),
+        ({"trigger_mode": "real_time", "emit": "on_window_close"}, "real_time needs emit: on_update"),
+        (
+            {"trigger_mode": "real_time", "dedup": {"fields": ["page"]}, "emit": "on_window_close"},
+            "no dedup or stream-stream join",
+        ),
         ({"aggregations": [{"fn": "sum", "field": "page"}]}, "needs a long or double field"),
         ({"aggregations": [{"fn": "avg"}]}, "needs a 'field'"),
         (
@@ -324,3 +336,9 @@ def test_yaml_nested_too_deep_is_a_spec_error_not_a_crash(depth: int) -> None:
     text = "id: x\nsource: " + "[" * depth + "]" * depth
     with pytest.raises(SpecError, match="nests deeper than 32 levels"):
         parse_job_spec(text, yaml_format=True)
+
+
+def test_real_time_runs_tumbling_and_sliding_windows_emitted_on_update() -> None:
+    for window in ({"type": "tumbling", "size": "10s"}, {"type": "sliding", "size": "10s", "slide": "5s"}):
+        spec = parse(window=window, trigger_mode="real_time", trigger_interval="5s")
+        assert spec.trigger_mode == "real_time" and spec.emit == "on_update"
