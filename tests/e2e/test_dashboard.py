@@ -12,6 +12,8 @@ from __future__ import annotations
 import socket
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,7 @@ from infra.apt import CHROMIUM
 from infra.datagen import click_events, oracle_window_counts
 from infra.stack import StackConfig
 from services.control import dashboard
+from services.control.settings import ControlSettings
 from shared.jobspec import load_job_spec
 from tests.e2e.stack_util import page_views_services
 from tests.kafka_util import produce_all
@@ -47,6 +50,7 @@ CHROMIUM_ARGS = [
 SCREENSHOT = "dashboard.png"
 SCREENSHOT_FLOWING = "dashboard-flowing.png"  # taken while the second round goes in
 WINDOWS_SHOWN = 12
+DASHBOARD_TOKEN = "dashboard-read-token"
 
 
 def _free_port() -> int:
@@ -67,6 +71,8 @@ def pipeline(
 def dashboard_url(pipeline: StackConfig, unique: str) -> Iterator[str]:
     app = FastAPI()
     app.include_router(dashboard.router)
+    # The data needs the read scope, as in control: the page sends the token from its URL fragment.
+    app.state.settings = ControlSettings(tokens={DASHBOARD_TOKEN: ["read"]})
     urls = {n: f"http://127.0.0.1:{p}/metrics" for n, p in zip(PIPELINE, pipeline.metrics_ports, strict=True)}
     app.state.dashboard_sources = dashboard.DashboardSources(
         metrics_urls=urls,
@@ -83,10 +89,19 @@ def dashboard_url(pipeline: StackConfig, unique: str) -> Iterator[str]:
         time.sleep(0.05)
     assert server.started, "the dashboard app did not start"
     try:
-        yield f"http://127.0.0.1:{port}/dashboard"
+        assert _get(f"http://127.0.0.1:{port}/dashboard/data") == 401  # no token, no data
+        yield f"http://127.0.0.1:{port}/dashboard#token={DASHBOARD_TOKEN}"
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+def _get(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as e:
+        return e.code
 
 
 def _number(page: Any, testid: str, job: str) -> float | None:
