@@ -89,7 +89,8 @@ def read_source(spark: SparkSession, source: Source, bootstrap: str, max_offsets
         F.from_json(F.col("value").cast("string"), event_schema(source)).alias("e"),
         F.col("partition").alias(SOURCE_PARTITION),
         F.col("offset").alias(SOURCE_OFFSET),
-        F.expr(spark_sampled_traceparent_sql("headers")).alias(TRACE),
+        # Ingest gives headers to sampled records only: the header scan runs for those alone.
+        F.when(F.size(F.col("headers")) > 0, F.expr(spark_sampled_traceparent_sql("headers"))).alias(TRACE),
     ).select(
         KEY,
         "e.*",
