@@ -7,13 +7,16 @@ environment configures the whole platform; a service's own values come from its 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, ClassVar, Literal, Self
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 TracingExporter = Literal["zipkin", "console", "none"]
+# latency: each stage hands records on within milliseconds (the defaults; README "Latency budget").
+# throughput: stages linger and commit less often, for bulk loads and backfills.
+Profile = Literal["latency", "throughput"]
 
 
 def _shared(name: str) -> AliasChoices:
@@ -23,6 +26,10 @@ def _shared(name: str) -> AliasChoices:
 
 class BaseServiceSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SF_", extra="ignore", populate_by_name=True)
+
+    # SF_PROFILE: the defaults a service's THROUGHPUT table changes (a value set explicitly wins).
+    profile: Profile = Field("latency", validation_alias=_shared("profile"))
+    THROUGHPUT: ClassVar[dict[str, Any]] = {}
 
     kafka_bootstrap: str = Field("127.0.0.1:9092", validation_alias=_shared("kafka_bootstrap"))
     redis_url: str = Field("redis://127.0.0.1:6379/0", validation_alias=_shared("redis_url"))
@@ -49,3 +56,11 @@ class BaseServiceSettings(BaseSettings):
     tracing_sample_ratio: float = Field(
         0.001, ge=0.0, le=1.0, validation_alias=_shared("tracing_sample_ratio")
     )
+
+    @model_validator(mode="after")
+    def _apply_profile(self) -> Self:
+        if self.profile == "throughput":
+            for name, value in self.THROUGHPUT.items():
+                if name not in self.model_fields_set:
+                    object.__setattr__(self, name, value)
+        return self

@@ -57,6 +57,7 @@ from shared.clock import Clock, wall_clock_ms
 from shared.jobspec import Source
 from shared.kafka import (
     close_consumer,
+    consume_batch,
     consumer_config,
     dead_letter_headers,
     ensure_topics,
@@ -381,7 +382,9 @@ class Ingest:
             return BatchStats()
         self._sync_remote_progress()
         rebalances = self._rebalances
-        msgs = self._consumer.consume(num_messages=s.batch_max_records, timeout=s.batch_max_wait_ms / 1000)
+        msgs = consume_batch(
+            self._consumer, s.batch_max_records, s.batch_max_wait_ms / 1000, s.batch_linger_ms / 1000
+        )
         if self._rebalances != rebalances:
             # The assignment changed during this call. Its records are dropped: the new assignment is
             # restored and rewound to its committed offsets first (see _restore_assigned), so they

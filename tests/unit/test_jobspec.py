@@ -342,3 +342,15 @@ def test_real_time_runs_tumbling_and_sliding_windows_emitted_on_update() -> None
     for window in ({"type": "tumbling", "size": "10s"}, {"type": "sliding", "size": "10s", "slide": "5s"}):
         spec = parse(window=window, trigger_mode="real_time", trigger_interval="5s")
         assert spec.trigger_mode == "real_time" and spec.emit == "on_update"
+
+
+def test_the_throughput_profile_changes_only_what_was_not_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    from services.ingest.settings import IngestSettings
+    from services.sink.settings import SinkSettings
+
+    assert SinkSettings().commit_interval_ms == 100 and IngestSettings().batch_linger_ms == 5
+    monkeypatch.setenv("SF_PROFILE", "throughput")
+    assert SinkSettings().commit_interval_ms == 1_000 and SinkSettings().batch_linger_ms == 50
+    assert IngestSettings().batch_linger_ms == 100
+    monkeypatch.setenv("SF_SINK_COMMIT_INTERVAL_MS", "250")  # explicit wins over the profile
+    assert SinkSettings().commit_interval_ms == 250
