@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | cksum | cut -d' ' -f1)
 UV_VERSION := 0.13.9
 
-.PHONY: setup demo test bench lint typecheck unit integration e2e stop status lock clean
+.PHONY: setup demo test bench chaos lint typecheck unit integration e2e stop status lock clean
 
 # A virtualenv with the pinned dependencies of requirements.lock (re-installed when it changes).
 $(STAMP): requirements.lock pyproject.toml
@@ -31,6 +31,10 @@ test: setup lint typecheck
 # Speed and memory targets: measured here, never by timed unit tests.
 bench: setup
 	@$(BIN)/python -m tests.bench $(BENCH)
+
+# The whole platform under faults (kills, broker and Redis restarts), judged by an oracle; exit 1 on a mismatch.
+chaos: setup
+	@$(BIN)/python -m tests.chaos $(CHAOS)
 
 lint: $(STAMP)
 	@echo "==> ruff"

@@ -31,39 +31,43 @@ from infra.stack import zipkin_server as _zipkin_server
 OFFSET = int(os.environ.get("SF_TEST_PORT_OFFSET", "0"))
 _SHIFT = OFFSET + 70
 RUN = RUN_DIR / (f"bench-e2e-{OFFSET}" if OFFSET else "bench-e2e")
-TOKEN_FILE = RUN / "control-token"
 
 
 def config() -> StackConfig:
+    return config_at(RUN, _SHIFT)
+
+
+def config_at(run: Path, shift: int) -> StackConfig:
+    """A stack in ``run`` on the test ports shifted by ``shift`` (the chaos run has its own)."""
     return StackConfig(
-        run_dir=RUN,
-        kafka_port=19092 + _SHIFT,
-        controller_port=19093 + _SHIFT,
-        redis_port=16379 + _SHIFT,
-        control_port=18081 + _SHIFT,
-        spark_ui_port=14040 + _SHIFT,
-        metrics_ports=(19101 + _SHIFT, 19102 + _SHIFT, 19103 + _SHIFT),
-        grpc_ports=(16123 + _SHIFT, 16124 + _SHIFT, 16125 + _SHIFT, 16126 + _SHIFT),
-        ingest_http_port=18082 + _SHIFT,
-        zipkin_port=19411 + _SHIFT,
-        control_token=_token(),
+        run_dir=run,
+        kafka_port=19092 + shift,
+        controller_port=19093 + shift,
+        redis_port=16379 + shift,
+        control_port=18081 + shift,
+        spark_ui_port=14040 + shift,
+        metrics_ports=(19101 + shift, 19102 + shift, 19103 + shift),
+        grpc_ports=(16123 + shift, 16124 + shift, 16125 + shift, 16126 + shift),
+        ingest_http_port=18082 + shift,
+        zipkin_port=19411 + shift,
+        control_token=_token(run / "control-token"),
     )
 
 
-def _token() -> str:
+def _token(path: Path) -> str:
     """The stack's read+write token: kept in the run dir so every part talks to the same control."""
-    if TOKEN_FILE.exists():
-        return TOKEN_FILE.read_text().strip()
-    TOKEN_FILE.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists():
+        return path.read_text().strip()
+    path.parent.mkdir(parents=True, exist_ok=True)
     token = secrets.token_urlsafe(24)
-    TOKEN_FILE.write_text(token + "\n")
-    TOKEN_FILE.chmod(0o600)
+    path.write_text(token + "\n")
+    path.chmod(0o600)
     return token
 
 
-def infra_up(*, redis: bool = True, zipkin: bool = False) -> StackConfig:
+def infra_up(*, redis: bool = True, zipkin: bool = False, cfg: StackConfig | None = None) -> StackConfig:
     """The broker (and Redis, Zipkin) up and answering; reused when already running."""
-    cfg = config()
+    cfg = cfg or config()
     parts: list[Any] = [broker(cfg)]
     if redis:
         parts.append(redis_server(cfg))
@@ -76,9 +80,9 @@ def infra_up(*, redis: bool = True, zipkin: bool = False) -> StackConfig:
     return cfg
 
 
-def services_up() -> StackConfig:
+def services_up(cfg: StackConfig | None = None, *, zipkin: bool = True) -> StackConfig:
     """Kafka, Redis, Zipkin and ingest, processor, sink, control as processes (started when missing)."""
-    cfg = infra_up(zipkin=True)
+    cfg = infra_up(zipkin=zipkin, cfg=cfg)
     missing = [name for name in SERVICES if not procs.is_running(name, cfg.run_dir)]
     for name in missing:
         start_service(cfg, name)
