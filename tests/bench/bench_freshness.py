@@ -66,15 +66,7 @@ def measure_mode(cfg: StackConfig, control: Control, client: redis.Redis, mode: 
                     probe.stop()
                 load.run(rate, TAIL_S, MARKERS_PER_S)
                 out["points"][str(rate)] = {"markers": len(markers), "cores": probe.cores(), "probe": markers}
-            load.flush()
-            outcome = workload.wait_for_oracle(
-                workload.RedisWindows(client, job_id),
-                load.sent,
-                lambda got: workload.count_problems(got, load.counts),
-                [workload.COUNT_FIELD],
-                t0=0.0,
-                timeout_s=180,
-            )
+            outcome = load.wait_exact(client, job_id)
             for point in out["points"].values():
                 sent = point.pop("probe")
                 seen = [f for f in map(watch.freshness, sent) if f is not None]

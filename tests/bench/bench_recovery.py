@@ -97,15 +97,7 @@ def main() -> dict[str, Any]:
                 return at is not None and time.time() - at >= STABLE_S
 
             load.run(RATE, AFTER_MAX_S, MARKERS_PER_S, until=settled)
-            load.flush()
-            outcome = workload.wait_for_oracle(
-                workload.RedisWindows(client, job_id),
-                load.sent,
-                lambda got: workload.count_problems(got, load.counts),
-                [workload.COUNT_FIELD],
-                t0=0.0,
-                timeout_s=180,
-            )
+            outcome = load.wait_exact(client, job_id)
             recovered_at, stale = fresh_again(load.markers, watch, killed, threshold)
             around = [m for m in load.markers if m.sent >= killed - 10]
             freshness = [(m.sent - killed, watch.freshness(m)) for m in around]

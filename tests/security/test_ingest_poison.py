@@ -200,12 +200,7 @@ def test_longs_outside_64_bits_are_dead_lettered(
     ]
     produce(kafka_bootstrap, poisoned.topic, values)
 
-    ingest = Ingest(ingest_settings(kafka_bootstrap, unique), [poisoned])
-    ingest.start(track_progress=False)
-    try:
-        assert run_until(ingest, len(values)) == len(values)
-    finally:
-        ingest.close()
+    ingest_all(kafka_bootstrap, unique, [poisoned], len(values))
 
     forwarded = read_all(kafka_bootstrap, poisoned.source.valid_topic, min_count=len(fits))
     assert sorted(orjson.loads(m.value())["n"] for m in forwarded) == sorted(fits)
@@ -247,12 +242,7 @@ def test_keys_whose_fields_contain_the_separator_stay_apart(
     produce(
         kafka_bootstrap, poisoned.topic, [orjson.dumps(event(i, a=a, b=b)) for i, (a, b) in enumerate(pairs)]
     )
-    ingest = Ingest(ingest_settings(kafka_bootstrap, unique), [poisoned])
-    ingest.start(track_progress=False)
-    try:
-        assert run_until(ingest, len(pairs)) == len(pairs)
-    finally:
-        ingest.close()
+    ingest_all(kafka_bootstrap, unique, [poisoned], len(pairs))
     forwarded = read_all(kafka_bootstrap, poisoned.source.valid_topic, min_count=len(pairs))
     keys = {m.key().decode() for m in forwarded}
     assert keys == {constants.join_key(list(p)) for p in pairs}
