@@ -90,6 +90,7 @@ def main() -> int:
         console.print(f"  dashboard     {cfg.control_url}/dashboard#token={cfg.control_token}")
     console.print(f"  logs          {cfg.run_dir / 'logs'}")
     console.print(f"  API token     {token_file}  (read+write; curl -H 'Authorization: Bearer ...')")
+    console.print(f"  ingest token  {cfg.run_dir / 'ingest-token'}  (POST /v1/streams/<topic>/events)")
     console.print(f"  CLI           SF_CLI_TOKEN=$(cat {token_file}) .venv/bin/streamforge list")
     console.print("  stop it all   make stop")
     ok = got == expected and dlq == len(data.bad)

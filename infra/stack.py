@@ -7,6 +7,7 @@ and run directories, so a test run never disturbs a running demo.
 from __future__ import annotations
 
 import json
+import secrets
 import sys
 import urllib.request
 from collections.abc import Callable, Sequence
@@ -108,6 +109,18 @@ def start_infrastructure(cfg: StackConfig, step: Callable[[str], None] = print) 
     z.wait_ready()
 
 
+def ingest_token(cfg: StackConfig) -> str:
+    """The bearer token for ingest's HTTP endpoint: made once per run dir (0600), then reused."""
+    path = cfg.run_dir / "ingest-token"
+    if path.exists():
+        return path.read_text().strip()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    token = secrets.token_urlsafe(24)
+    path.write_text(token + "\n")
+    path.chmod(0o600)
+    return token
+
+
 def service_env(cfg: StackConfig) -> dict[str, str]:
     """Everything the services are configured with: one environment, read by their Settings."""
     specs = json.dumps([str(p.resolve()) for p in cfg.job_specs])
@@ -117,6 +130,7 @@ def service_env(cfg: StackConfig) -> dict[str, str]:
         "SF_DATA_DIR": str(cfg.data_dir.resolve()),
         "SF_TLS_DIR": str(cfg.pki_dir.resolve()),
         "SF_INGEST_JOB_SPECS": specs,
+        "SF_INGEST_HTTP_TOKENS": json.dumps([ingest_token(cfg)]),
         "SF_INGEST_METRICS_PORT": str(ingest_port),
         "SF_PROCESSOR_JOB_SPECS": specs,
         "SF_PROCESSOR_SPARK_JARS": json.dumps([str(p) for p in spark_kafka_jars()]),

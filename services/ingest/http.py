@@ -13,6 +13,7 @@ one). The 202 is sent once the broker acknowledged every record of the request (
 from __future__ import annotations
 
 import functools
+import hmac
 import logging
 import threading
 import time
@@ -22,7 +23,7 @@ from typing import Annotated, Any, Protocol
 import orjson
 import uvicorn
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from opentelemetry import trace
@@ -299,6 +300,32 @@ def get_gateway(request: Request) -> HttpIngest:
 
 
 GatewayDep = Annotated[HttpIngest, Depends(get_gateway)]
+_CHALLENGE = {"WWW-Authenticate": "Bearer"}
+
+
+def require_token(request: Request) -> None:
+    """Events and stream definitions only for holders of an SF_INGEST_HTTP_TOKENS token (constant-time
+    comparison); health stays open."""
+    settings = get_gateway(request).settings
+    if settings.http_auth_disabled:
+        return
+    if not settings.http_tokens:
+        raise HTTPException(
+            401,
+            "this ingest has no HTTP tokens configured, so it refuses every request: set "
+            "SF_INGEST_HTTP_TOKENS='[\"<token>\"]' and send 'Authorization: Bearer <token>'",
+            headers=_CHALLENGE,
+        )
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not given:
+        raise HTTPException(401, "send 'Authorization: Bearer <token>'", headers=_CHALLENGE)
+    if not any(hmac.compare_digest(given.encode(), t.encode()) for t in settings.http_tokens):
+        raise HTTPException(
+            401, "the bearer token is not valid: use one of SF_INGEST_HTTP_TOKENS", headers=_CHALLENGE
+        )
+
+
+Authorized = [Depends(require_token)]
 
 
 def _error(status: int, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -324,12 +351,12 @@ def create_app(gateway: HttpIngest, tracer: trace.Tracer | None = None) -> FastA
         ready = all(checks.values())
         return JSONResponse(status_code=200 if ready else 503, content={"ready": ready, "checks": checks})
 
-    @app.get("/v1/streams", tags=["streams"])
+    @app.get("/v1/streams", tags=["streams"], dependencies=Authorized)
     def list_streams(gw: GatewayDep) -> list[dict[str, Any]]:
         """The streams this ingest accepts events for."""
         return [d.model_dump(mode="json", by_alias=True) for d in gw.catalog.stream_definitions()]
 
-    @app.get("/v1/streams/{topic}/watermark", tags=["streams"])
+    @app.get("/v1/streams/{topic}/watermark", tags=["streams"], dependencies=Authorized)
     def watermark(topic: str, gw: GatewayDep) -> JSONResponse:
         """The stream's current watermark and its lag behind processing time, per partition too."""
         if gw.stream(topic) is None:
@@ -340,7 +367,9 @@ def create_app(gateway: HttpIngest, tracer: trace.Tracer | None = None) -> FastA
         "/v1/streams/{topic}/events",
         tags=["streams"],
         status_code=202,
+        dependencies=Authorized,
         responses={
+            401: {"description": "No valid bearer token"},
             400: {"description": "The body is not a JSON array"},
             404: {"description": "No stream is defined for this topic"},
             413: {"description": "The body exceeds the size limit"},

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from shared.settings import BaseServiceSettings
@@ -70,6 +70,17 @@ class IngestSettings(BaseServiceSettings):
     http_retry_after_s: int = Field(1, ge=1)
     # How long a request waits for the broker to acknowledge its records before answering 503.
     http_ack_timeout_ms: int = Field(10_000, ge=100)
+    # Bearer tokens that may post events and read stream definitions (at least 16 characters each);
+    # none: every such request is refused (401). http_auth_disabled opens it (local experiments only).
+    http_tokens: list[str] = Field(default_factory=list)
+    http_auth_disabled: bool = False
+
+    @field_validator("http_tokens")
+    @classmethod
+    def _long_enough(cls, tokens: list[str]) -> list[str]:
+        if any(len(t) < 16 for t in tokens):
+            raise ValueError("every token in SF_INGEST_HTTP_TOKENS must have at least 16 characters")
+        return tokens
 
     # --- control plane ----------------------------------------------------------------------------
     grpc_port: int = Field(6125, ge=0)  # StreamConfig + grpc.health.v1; 0: no gRPC server

@@ -25,7 +25,8 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from infra import procs
 from infra.paths import ROOT
-from infra.stack import StackConfig, service_env
+from infra.pki import ensure_pki
+from infra.stack import StackConfig, ingest_token, service_env
 from shared import constants
 from shared.kafka import ensure_topics
 from tests.kafka_util import read_all
@@ -70,6 +71,7 @@ class Replicas:
             **self.extra_env,
         }
         name = f"ingest-{replica}"
+        ensure_pki(self.cfg.pki_dir)  # as start_service does: this module may run first or alone
         pid = procs.start_process(
             name, [sys.executable, "-m", "services.ingest"], self.cfg.run_dir, env=env, cwd=ROOT
         )
@@ -291,7 +293,8 @@ def test_watermark_is_restored_after_sigkill(make_replicas, kafka_bootstrap: str
     port, http_port = replicas.cfg.metrics_ports[0], replicas.cfg.ingest_http_port
     replicas.start("a", port, http_port)
     url = f"http://127.0.0.1:{http_port}/v1/streams/{replicas.topic}"
-    with httpx.Client(timeout=30) as http:
+    auth = {"Authorization": f"Bearer {ingest_token(replicas.cfg)}"}
+    with httpx.Client(timeout=30, headers=auth) as http:
         first = [{"page": "/a", "ts": BASE_MS + s * 1_000, "v": s} for s in range(20)]
         assert http.post(f"{url}/events", content=orjson.dumps(first)).status_code == 202
         wait_caught_up(kafka_bootstrap, f"g-{replicas.topic}", replicas.topic, 60, replicas.log("a"))

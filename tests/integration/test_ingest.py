@@ -43,9 +43,13 @@ def stream_definition(topic: str, out_of_orderness: str = "5s", lateness: str = 
     )
 
 
+HTTP_TOKEN = "test-ingest-http-token"  # what the HTTP tests send (SF_INGEST_HTTP_TOKENS)
+
+
 def ingest_settings(bootstrap: str, name: str, **overrides: Any) -> IngestSettings:
     values: dict[str, Any] = {
         "kafka_bootstrap": bootstrap,
+        "http_tokens": [HTTP_TOKEN],
         "group_id": f"g-{name}",
         "instance_id": name,
         "batch_max_wait_ms": 200,

@@ -14,7 +14,7 @@ from services.ingest.http import HDR_HTTP_INDEX, HttpIngest, create_app
 from services.ingest.streams import StreamDefinition
 from shared import constants
 from shared.kafka import ensure_topics
-from tests.integration.test_ingest import BASE_MS, drain, ingest_settings, stream_definition
+from tests.integration.test_ingest import BASE_MS, HTTP_TOKEN, drain, ingest_settings, stream_definition
 from tests.kafka_util import produce_all, read_all
 
 pytestmark = pytest.mark.integration
@@ -49,7 +49,7 @@ def ingest(kafka_bootstrap: str, unique: str, stream: StreamDefinition) -> Itera
 @pytest.fixture
 def client(ingest: Ingest) -> Iterator[TestClient]:
     gateway = HttpIngest(ingest, ingest.settings)
-    with TestClient(create_app(gateway)) as c:
+    with TestClient(create_app(gateway), headers={"Authorization": f"Bearer {HTTP_TOKEN}"}) as c:
         yield c
     gateway.close()
 

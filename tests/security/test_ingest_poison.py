@@ -29,7 +29,7 @@ from services.processor.query import _group_columns
 from shared import constants
 from shared.jobspec import JobSpec
 from shared.kafka import admin, ensure_topics
-from tests.integration.test_ingest import BASE_MS, ingest_settings, metric
+from tests.integration.test_ingest import BASE_MS, HTTP_TOKEN, ingest_settings, metric
 from tests.integration.test_processor import spark  # noqa: F401  (the session fixture)
 from tests.kafka_util import read_all
 
@@ -270,7 +270,7 @@ def http(
     ingest = Ingest(ingest_settings(kafka_bootstrap, unique), [streams[0]])
     ingest.start(track_progress=False)
     gateway = HttpIngest(ingest, ingest.settings)
-    with TestClient(create_app(gateway)) as client:
+    with TestClient(create_app(gateway), headers={"Authorization": f"Bearer {HTTP_TOKEN}"}) as client:
         yield client
     gateway.close()
     ingest.close()
@@ -310,3 +310,22 @@ def test_http_dead_letters_oversized_and_deep_events_and_writes_the_rest_once(
     assert sorted(orjson.loads(m.value())["n"] for m in raw) == [0, 3]
     dead = read_all(kafka_bootstrap, poisoned.source.dlq_topic, min_count=2)
     assert sorted(orjson.loads(m.value())["n"] for m in dead) == [1, 2]
+
+
+def test_http_answers_only_callers_with_a_token(
+    http: TestClient, streams: tuple[StreamDefinition, StreamDefinition]
+) -> None:
+    """Issue 11: no port answers a caller it has not authenticated (health stays open)."""
+    url = f"/v1/streams/{streams[0].topic}/events"
+    body = orjson.dumps([event(1)])
+    for headers in (
+        {"Authorization": ""},
+        {"Authorization": "Bearer wrong-token-of-some-length"},
+        {"Authorization": "Basic eDp5"},
+    ):
+        refused = http.post(url, content=body, headers=headers)
+        assert refused.status_code == 401, refused.text
+        assert refused.headers["www-authenticate"] == "Bearer"
+        assert http.get("/v1/streams", headers=headers).status_code == 401
+    assert http.get("/healthz", headers={"Authorization": ""}).status_code == 200
+    assert http.post(url, content=body).status_code == 202  # the fixture's client sends the token
