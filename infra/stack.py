@@ -109,9 +109,8 @@ def start_infrastructure(cfg: StackConfig, step: Callable[[str], None] = print) 
     z.wait_ready()
 
 
-def ingest_token(cfg: StackConfig) -> str:
-    """The bearer token for ingest's HTTP endpoint: made once per run dir (0600), then reused."""
-    path = cfg.run_dir / "ingest-token"
+def token_file(path: Path) -> str:
+    """A random bearer token kept in ``path`` (0600): made on first use, then read back."""
     if path.exists():
         return path.read_text().strip()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -119,6 +118,11 @@ def ingest_token(cfg: StackConfig) -> str:
     path.write_text(token + "\n")
     path.chmod(0o600)
     return token
+
+
+def ingest_token(cfg: StackConfig) -> str:
+    """The bearer token for ingest's HTTP endpoint, one per run dir."""
+    return token_file(cfg.run_dir / "ingest-token")
 
 
 def service_env(cfg: StackConfig) -> dict[str, str]:

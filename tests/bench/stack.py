@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +24,15 @@ from confluent_kafka import Producer
 
 from infra import procs
 from infra.paths import RUN_DIR
-from infra.stack import SERVICES, StackConfig, broker, redis_server, start_service, wait_service_ready
+from infra.stack import (
+    SERVICES,
+    StackConfig,
+    broker,
+    redis_server,
+    start_service,
+    token_file,
+    wait_service_ready,
+)
 from infra.stack import zipkin_server as _zipkin_server
 
 OFFSET = int(os.environ.get("SF_TEST_PORT_OFFSET", "0"))
@@ -50,19 +57,8 @@ def config_at(run: Path, shift: int) -> StackConfig:
         grpc_ports=(16123 + shift, 16124 + shift, 16125 + shift, 16126 + shift),
         ingest_http_port=18082 + shift,
         zipkin_port=19411 + shift,
-        control_token=_token(run / "control-token"),
+        control_token=token_file(run / "control-token"),  # every part talks to the same control
     )
-
-
-def _token(path: Path) -> str:
-    """The stack's read+write token: kept in the run dir so every part talks to the same control."""
-    if path.exists():
-        return path.read_text().strip()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    token = secrets.token_urlsafe(24)
-    path.write_text(token + "\n")
-    path.chmod(0o600)
-    return token
 
 
 def infra_up(*, redis: bool = True, zipkin: bool = False, cfg: StackConfig | None = None) -> StackConfig:

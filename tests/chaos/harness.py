@@ -278,17 +278,11 @@ class Faults(threading.Thread):
 
     def _inject(self, action: str) -> None:
         cfg = self.cfg
-        if action == "broker":
-            b = broker(cfg)
-            b.stop()
-            b.start()
-            b.wait_ready(120)
-            return
-        if action == "redis":
-            r = redis_server(cfg)
-            r.stop()
-            r.start()
-            r.wait_ready(60)
+        if action in ("broker", "redis"):
+            server = broker(cfg) if action == "broker" else redis_server(cfg)
+            server.stop()
+            server.start()
+            server.wait_ready(120)
             return
         service = action.removeprefix("savepoint+")
         job = self.job_ids[0]
