@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from infra import apt, fetch, pki, procs
+from infra import apt, class_archive, fetch, pki, procs
 from infra.errors import InfraError
 from infra.kafka_broker import KafkaBroker
 from infra.paths import CACHE_DIR, RUN_DIR
@@ -80,6 +80,9 @@ def cmd_setup(args: argparse.Namespace) -> None:
     t0 = time.monotonic()
     _step(f"java: {fetch.require_java()}")
     cmd_fetch(args)
+    t1 = time.monotonic()
+    archive, made = class_archive.ensure_class_archive(args.cache_dir, log=_step)
+    _done(f"processor class archive: {archive.name} ({'made' if made else 'cached'})", t1)
     _step("redis-server (Debian package)")
     RedisServer(args.run_dir, args.redis_port).ensure_installed()
     _step("chromium (Debian package, for the dashboard's browser test)")

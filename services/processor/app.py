@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
+from pathlib import Path
 
 from opentelemetry.trace import Tracer
 from py4j.protocol import Py4JError
@@ -26,9 +28,15 @@ from shared.jobspec import JobSpec
 from shared.proto import streamforge_pb2 as pb
 
 log = logging.getLogger(__name__)
+DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
 __all__ = ["ROCKSDB_PROVIDER", "Processor", "ProcessorError", "build_spark"]
+
+
+def class_archive_options(archive: str) -> str:
+    """The driver JVM's options that map ``archive`` (services/processor/class_archive.py), or ""."""
+    return f"-XX:SharedArchiveFile={archive} -Xshare:auto" if archive and Path(archive).is_file() else ""
 
 
 def build_spark(settings: ProcessorSettings, jars: list[str]) -> SparkSession:
@@ -56,7 +64,14 @@ def build_spark(settings: ProcessorSettings, jars: list[str]) -> SparkSession:
         .config("spark.ui.killEnabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
     )
-    for key, value in settings.spark_conf.items():
+    conf = dict(settings.spark_conf)
+    archive_options = class_archive_options(settings.class_archive)
+    if archive_options:
+        extra = conf.get(DRIVER_JAVA_OPTIONS, "")
+        conf[DRIVER_JAVA_OPTIONS] = f"{extra} {archive_options}".strip()
+    elif settings.class_archive:
+        log.warning("class archive %s not found: Spark's JVM starts without it", settings.class_archive)
+    for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
@@ -85,7 +100,9 @@ class Processor:
     def start(self) -> None:
         """Start Spark, resume the jobs that ran when the processor last stopped, then the spec files'."""
         s = self.settings
+        began = time.monotonic()
         self.spark = build_spark(s, self.jars)
+        log.info("Spark session up in %.1f s (master %s)", time.monotonic() - began, s.spark_master)
         listener = JobMetricsListener(self.tracer)
         self.spark.streams.addListener(listener)
         self.manager = JobManager(self.spark, s, listener)

@@ -385,10 +385,13 @@ class JobManager:
                 self.store.put(stored.with_(should_run=False))
                 self._set(Job(spec=stored.spec, epoch=stored.epoch, state=JobState.FAILED, message=message))
                 continue
+            began = time.monotonic()
             try:
                 self.start(stored.spec, crashes=stored.crashes)
             except (ProcessorError, SpecError) as e:
                 log.error("job %s not resumed: %s", stored.spec.id, e)
+            else:
+                log.info("job %s resumed in %.1f s", stored.spec.id, time.monotonic() - began)
 
     def shutdown(self) -> None:
         """Stop every query (the service is going down); jobs that should run resume on restart."""

@@ -160,6 +160,7 @@ class JobMetricsListener(StreamingQueryListener):
     def __init__(self, tracer: Tracer | None = None) -> None:
         self._lock = threading.Lock()
         self._jobs: dict[str, JobTotals] = {}
+        self._runs_reported: set[str] = set()  # query runs whose first batch was logged
         self.tracer = tracer
 
     def latest(self, job_id: str) -> JobTotals | None:
@@ -218,10 +219,29 @@ class JobMetricsListener(StreamingQueryListener):
             progress = orjson.loads(event.progress.json)
             m = metrics_from_progress(progress)
             self.record(m)
+            self._log_first_batch(progress, m)
             if self.tracer is not None and m.input_rows:
                 self._batch_span(self.tracer, progress, m)
         except Exception:  # a metrics bug must never disturb the queries
             log.exception("cannot read a progress report")
+
+    def _log_first_batch(self, progress: dict[str, Any], m: BatchMetrics) -> None:
+        """A run's first batch with rows pays for planning, code generation and opening the state
+        store: log where its time went (what a restart costs)."""
+        run = str(progress.get("runId") or "")
+        if not m.input_rows or run in self._runs_reported:
+            return
+        self._runs_reported.add(run)
+        durations = progress.get("durationMs") or {}
+        parts = ", ".join(f"{k} {v}" for k, v in sorted(durations.items(), key=lambda kv: -int(kv[1])))
+        log.info(
+            "job %s: first batch of this run (batch %d, %d rows) took %d ms: %s",
+            m.job_id,
+            m.batch_id,
+            m.input_rows,
+            m.batch_duration_ms,
+            parts,
+        )
 
     @staticmethod
     def _batch_span(tracer: Tracer, progress: dict[str, Any], m: BatchMetrics) -> None:

@@ -19,6 +19,9 @@ class ProcessorSettings(BaseServiceSettings):
     driver_memory: str = "1g"
     # Jars of Spark's Kafka connector (required): infra fills it with what `python -m infra fetch` resolved.
     spark_jars: list[str] = Field(default_factory=list)
+    # A class-data-sharing archive for the driver JVM (services/processor/class_archive.py): the
+    # session and a job's first batch start sooner. Missing or stale: the JVM starts without it.
+    class_archive: str = ""
     # Extra Spark settings, e.g. {"spark.sql.streaming.realTimeMode.minBatchDuration": "2000ms"}.
     spark_conf: dict[str, str] = Field(default_factory=dict)
     # Spark's web UI, on 127.0.0.1 only and without its kill links; off saves ~50 MB and a port.

@@ -24,6 +24,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
+from infra.class_archive import existing_class_archive
 from infra.fetch import spark_kafka_jars
 from services.ingest.app import Ingest
 from services.ingest.settings import IngestSettings
@@ -125,7 +126,11 @@ def main() -> dict[str, Any]:
         "windows": len(data.values),
         "ingest_fill_events_per_s": round(fill_valid(cfg.bootstrap, fill_spec, EVENTS)),
     }
-    settings = ProcessorSettings(kafka_bootstrap=cfg.bootstrap, spark_ui_port=cfg.spark_ui_port + 1)
+    settings = ProcessorSettings(
+        kafka_bootstrap=cfg.bootstrap,
+        spark_ui_port=cfg.spark_ui_port + 1,
+        class_archive=existing_class_archive(),  # as the service starts its JVM
+    )
     out["max_offsets_per_trigger"] = settings.max_offsets_per_trigger
     spark = build_spark(settings, [str(p) for p in spark_kafka_jars()])
     spark.sparkContext.setLogLevel("ERROR")

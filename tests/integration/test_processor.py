@@ -8,6 +8,7 @@ import orjson
 import pytest
 from pyspark.sql import SparkSession
 
+from infra.class_archive import existing_class_archive
 from infra.datagen import oracle_window_counts
 from infra.fetch import spark_kafka_jars
 from services.processor.app import build_spark
@@ -27,7 +28,9 @@ _SESSION: list[SparkSession] = []
 def shared_spark(ui_port: int) -> SparkSession:
     """One SparkSession for every processor test module (each imports the `spark` fixture)."""
     if not _SESSION:
-        settings = ProcessorSettings(spark_ui_port=ui_port, driver_memory="1g")
+        settings = ProcessorSettings(
+            spark_ui_port=ui_port, driver_memory="1g", class_archive=existing_class_archive()
+        )
         _SESSION.append(build_spark(settings, [str(p) for p in spark_kafka_jars()]))
     return _SESSION[0]
 

@@ -1,0 +1,64 @@
+"""The processor's class-data-sharing archive (services/processor/class_archive.py), made once per
+JDK, pyspark and virtualenv into CACHE_DIR/class-archive/ at set-up.
+
+The archive fits the JVM that made it and the class path it saw (the pyspark jars, by absolute path):
+its file name carries a digest of both, so a new JDK, pyspark or venv location makes a new one, and
+the processor is never pointed at an archive its JVM would ignore.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import subprocess
+import sys
+from pathlib import Path
+
+from infra.errors import InfraError
+from infra.fetch import Log, pyspark_jars_dir, pyspark_version, spark_kafka_jars
+from infra.paths import CACHE_DIR, ROOT
+
+BUILD_TIMEOUT_S = 600
+
+
+def _stderr_log(msg: str) -> None:
+    print(f"[infra.class_archive] {msg}", file=sys.stderr)
+
+
+@functools.cache
+def _java_version() -> str:
+    try:
+        done = subprocess.run(["java", "-version"], capture_output=True, text=True, timeout=60, check=True)
+    except (OSError, subprocess.SubprocessError) as e:
+        raise InfraError(f"cannot run java -version: {e}") from e
+    return done.stderr.strip()
+
+
+def archive_path(cache_dir: Path = CACHE_DIR) -> Path:
+    key = "\n".join([_java_version(), pyspark_version(), str(pyspark_jars_dir().resolve())])
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return cache_dir / "class-archive" / f"processor-{digest}.jsa"
+
+
+def ensure_class_archive(cache_dir: Path = CACHE_DIR, *, log: Log = _stderr_log) -> tuple[Path, bool]:
+    """The archive for this JDK and pyspark, made when missing; (path, made now)."""
+    path = archive_path(cache_dir)
+    if path.is_file():
+        return path, False
+    log(f"making the processor's class archive {path.name} (a short Spark run, once per JDK and pyspark)")
+    jars = [f"--jar={j}" for j in spark_kafka_jars(cache_dir, log=log)]
+    cmd = [sys.executable, "-m", "services.processor.class_archive", str(path), *jars]
+    try:
+        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired as e:
+        raise InfraError(f"making the class archive took over {BUILD_TIMEOUT_S} s") from e
+    if done.returncode != 0 or not path.is_file():
+        tail = "\n".join((done.stdout + done.stderr).splitlines()[-20:])
+        raise InfraError(f"making the class archive failed (exit {done.returncode}):\n{tail}")
+    return path, True
+
+
+def existing_class_archive(cache_dir: Path = CACHE_DIR) -> str:
+    """The archive's path when set-up made it, else "" (the processor then starts without one)."""
+    path = archive_path(cache_dir)
+    return str(path) if path.is_file() else ""

@@ -1,0 +1,69 @@
+"""The processor's class-data-sharing archive: made at set-up, mapped by the driver JVM, harmless when stale.
+
+Each case starts a driver JVM in a process of its own (one SparkContext per process) with the JVM's
+class-loading log on, and reads where Spark's classes came from.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from infra.class_archive import archive_path, ensure_class_archive
+from infra.paths import ROOT
+
+pytestmark = pytest.mark.integration
+
+# Starts a session as the processor does, with the archive given, and runs one Spark job.
+SESSION = """
+import sys
+from infra.fetch import spark_kafka_jars
+from services.processor.app import build_spark
+from services.processor.settings import ProcessorSettings
+archive, class_log = sys.argv[1], sys.argv[2]
+settings = ProcessorSettings(
+    spark_ui_enabled=False,
+    data_dir=sys.argv[3],
+    class_archive=archive,
+    spark_conf={"spark.driver.extraJavaOptions": f"-Xlog:class+load=info:file={class_log}"},
+)
+spark = build_spark(settings, [str(p) for p in spark_kafka_jars()])
+print("rows", spark.range(100).selectExpr("id % 7 AS k").groupBy("k").count().count())
+spark.stop()
+"""
+SPARK_CONTEXT = "org.apache.spark.SparkContext "
+
+
+def start_session(archive: str, tmp_path: Path) -> str:
+    class_log = tmp_path / "classes.log"
+    done = subprocess.run(
+        [sys.executable, "-c", SESSION, archive, str(class_log), str(tmp_path / "data")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "rows 7" in done.stdout
+    line = next(ln for ln in class_log.read_text().splitlines() if SPARK_CONTEXT in ln)
+    return line
+
+
+def test_setup_made_the_archive_and_the_driver_maps_it(tmp_path: Path) -> None:
+    path, made_now = ensure_class_archive()
+    assert not made_now, "`make setup` makes the archive; the tests find it"
+    assert path == archive_path() and path.stat().st_size > 10 * 2**20
+    line = start_session(str(path), tmp_path)
+    # A class from the dynamic archive is reported as coming from its "top" layer.
+    assert "source: shared objects file (top)" in line, line
+
+
+def test_a_stale_archive_costs_time_not_the_start(tmp_path: Path) -> None:
+    stale = tmp_path / "stale.jsa"
+    stale.write_bytes(b"not a class archive" * 1000)
+    line = start_session(str(stale), tmp_path)
+    # The JVM ignored it (-Xshare:auto) and read Spark's classes from the jars.
+    assert "shared objects file" not in line and "spark-core" in line, line
