@@ -3,8 +3,11 @@
 - Every update goes through the record cache (services.sink.cache): the newest version per window is
   kept, the least recently updated entries are written when the cache outgrows its byte budget.
 - Every ``commit_interval_ms`` the whole cache is written (one pipeline) and only then are the offsets
-  of everything read so far committed. A committed offset is therefore never past an unwritten update:
-  a crash replays from the last commit, and the version check in Redis turns replays into no-ops.
+  of everything read so far committed. With ``write_when_caught_up`` the cache is also written as soon
+  as a batch took everything there was to read: under load (full batches) it folds updates for up to
+  the interval as KIP-63 does; a trickle goes to Redis within the batch linger instead.
+  A committed offset is therefore never past an unwritten update: a crash replays from the last
+  commit, and the version check in Redis turns replays into no-ops.
 - Redis down or slow: consumption is paused (the group membership is kept, the consumer keeps polling),
   the write is retried with exponential backoff, nothing is skipped; consumption resumes once it works.
 - Partitions revoked in a rebalance: the cache is written and the offsets committed before they go. If
@@ -259,6 +262,10 @@ class Sink:
                 self._evicted = []
             if self._clock() - self._last_commit >= s.commit_interval_ms / 1000:
                 self._flush_and_commit("commit")
+            elif s.write_when_caught_up and len(msgs) < s.batch_max_records and self.cache:
+                # Caught up (this batch took all there was): nothing more to fold for now, so the
+                # cache goes to Redis at once; the offsets are still committed per interval.
+                self._write_cache("caught_up")
         except redis.RedisError as e:
             self._on_redis_failure(e)
             return len(records)
@@ -301,13 +308,10 @@ class Sink:
         """
         consumer = self._consumer
         assert consumer is not None and self._producer is not None
-        pending = self._evicted + list(self.cache)
-        if pending:
-            self._write(pending, reason)
-        self._evicted = []
-        self.cache.drain()
-        m.CACHE_BYTES.set(0)
-        m.CACHE_ENTRIES.set(0)
+        if self._evicted:
+            self._write(self._evicted, reason)
+            self._evicted = []
+        self._write_cache(reason)
         self._last_commit = self._clock()
         if not self._positions:
             return
@@ -326,6 +330,14 @@ class Sink:
             log.warning("offset commit failed (%s); retried at the next commit", e)
             return
         self._positions.clear()
+
+    def _write_cache(self, reason: str) -> None:
+        """Write every cached update, then empty the cache (on a Redis error it stays as it was)."""
+        if self.cache:
+            self._write(list(self.cache), reason)
+        self.cache.drain()
+        m.CACHE_BYTES.set(0)
+        m.CACHE_ENTRIES.set(0)
 
     def _write(self, entries: list[CacheEntry], reason: str) -> None:
         by_job: defaultdict[str, list[CacheEntry]] = defaultdict(list)

@@ -12,7 +12,11 @@ from shared.settings import BaseServiceSettings
 class SinkSettings(BaseServiceSettings):
     model_config = SettingsConfigDict(env_prefix="SF_SINK_", extra="ignore", populate_by_name=True)
     # SF_PROFILE=throughput: the cache folds a second of updates per window before writing them.
-    THROUGHPUT: ClassVar[dict[str, Any]] = {"batch_linger_ms": 50, "commit_interval_ms": 1_000}
+    THROUGHPUT: ClassVar[dict[str, Any]] = {
+        "batch_linger_ms": 50,
+        "commit_interval_ms": 1_000,
+        "write_when_caught_up": False,
+    }
 
     # Always read; control adds the output topics of the running windowed jobs (ApplyStreams).
     topics: list[str] = Field(default_factory=lambda: [constants.DEFAULT_AGGREGATES_TOPIC])
@@ -31,6 +35,10 @@ class SinkSettings(BaseServiceSettings):
     # 100 ms: an update is in Redis at most ~100 ms after it was read, and the cache still folds the
     # updates of a window that a micro-batch or a real-time stream sends within that time.
     commit_interval_ms: int = Field(100, ge=1)
+    # Latency: a batch smaller than batch_max_records took all there was to read, so the cache is
+    # written then instead of at the next commit (offsets still commit every commit_interval_ms).
+    # Full batches (a backlog, a burst) keep folding for the whole interval.
+    write_when_caught_up: bool = True
     cache_max_bytes_buffering: int = Field(32 * 1024 * 1024, ge=0)
     # Retention (0: forever). A window hash expires this long after its last update; a key's window
     # index drops windows starting this much (event time) before the window being written; the index

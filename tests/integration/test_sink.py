@@ -291,6 +291,28 @@ def test_sink_keeps_the_highest_version_of_duplicated_replayed_reordered_updates
     assert sum(sink.written.values()) < 2 * len(updates)
 
 
+def test_caught_up_the_cache_is_written_at_once_and_offsets_still_wait_for_the_interval(
+    kafka_bootstrap: str, redis_url: str, redis_client: redis.Redis, unique: str, started: list[Sink]
+) -> None:
+    """A trickle of updates is in Redis as soon as the sink has read everything (no commit interval
+    waited for); the offsets are committed only when the interval has passed."""
+    topic = f"{unique}.aggregates"
+    ensure_topics(kafka_bootstrap, [topic], partitions=1)
+    clock = ManualClock()  # the commit interval never passes unless the test moves the clock
+    sink = start(started, sink_settings(kafka_bootstrap, redis_url, topic, unique), clock=clock)
+    first = window_updates(unique, "ab", range(0, 3_000, 1_000), versions=2, seed=3)
+    produce_updates(kafka_bootstrap, topic, first)
+    run_until(sink, lambda: redis_state(redis_client, unique) == oracle(first))
+    assert committed(kafka_bootstrap, unique, topic, 1) == {0: 0}
+    second = window_updates(unique, "ab", range(0, 3_000, 1_000), versions=4, seed=8)
+    produce_updates(kafka_bootstrap, topic, second)
+    run_until(sink, lambda: redis_state(redis_client, unique) == oracle(first + second))
+    assert committed(kafka_bootstrap, unique, topic, 1) == {0: 0}
+    clock.now += sink.settings.commit_interval_ms / 1000
+    run_until(sink, lambda: committed(kafka_bootstrap, unique, topic, 1) == {0: len(first + second)})
+    assert sink.unwritten == 0
+
+
 def test_the_cache_cuts_writes_and_leaves_the_same_final_state(
     kafka_bootstrap: str, redis_url: str, redis_client: redis.Redis, unique: str, started: list[Sink]
 ) -> None:
@@ -310,6 +332,7 @@ def test_the_cache_cuts_writes_and_leaves_the_same_final_state(
             cache_max_bytes_buffering=budget,
             commit_interval_ms=1_000,
             batch_max_records=100,
+            write_when_caught_up=False,  # only the interval and the budget decide the writes
         )
         sink = start(started, settings, clock=clock)
 
@@ -418,7 +441,9 @@ def test_replicas_share_partitions_and_write_before_giving_them_up(
     first = window_updates(unique, [f"k{i}" for i in range(12)], range(0, 3_000, 1_000), versions=3, seed=4)
     produce_updates(kafka_bootstrap, topic, first)
     # Commits far apart: whatever reaches Redis before a minute has passed was written by a revocation.
-    settings = sink_settings(kafka_bootstrap, redis_url, topic, unique, commit_interval_ms=60_000)
+    settings = sink_settings(
+        kafka_bootstrap, redis_url, topic, unique, commit_interval_ms=60_000, write_when_caught_up=False
+    )
     a = start(started, settings)
     run_until(a, lambda: sum(a.received.values()) >= len(first))
     assert redis_state(redis_client, unique) == {}, "the cache should still hold everything"
