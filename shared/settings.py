@@ -8,6 +8,7 @@ environment configures the whole platform; a service's own values come from its 
 from __future__ import annotations
 
 from typing import Any, ClassVar, Literal, Self
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -17,6 +18,16 @@ TracingExporter = Literal["zipkin", "console", "none"]
 # latency: each stage hands records on within milliseconds (the defaults; README "Latency budget").
 # throughput: stages linger and commit less often, for bulk loads and backfills.
 Profile = Literal["latency", "throughput"]
+
+
+def redacted_url(url: str) -> str:
+    """``url`` fit for a log line: its password (if any) replaced by ***."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def _shared(name: str) -> AliasChoices:

@@ -51,6 +51,7 @@ from shared.kafka import (
 )
 from shared.metrics import DLQ_EVENTS, PROCESSING_LATENCY, RECORDS_PROCESSED
 from shared.records import RESERVED_FIELDS, WindowResult
+from shared.settings import redacted_url
 from shared.tracing import sampled_traceparent
 
 log = logging.getLogger(__name__)
@@ -137,7 +138,7 @@ class Sink:
         log.info(
             "sinking %s into %s (commit every %d ms, cache %d bytes)",
             ", ".join(self._topics),
-            s.redis_url,
+            redacted_url(s.redis_url),  # never the password in a log
             s.commit_interval_ms,
             s.cache_max_bytes_buffering,
         )

@@ -17,7 +17,7 @@ from shared.jobspec import (
     spec_to_json,
     with_id,
 )
-from shared.settings import BaseServiceSettings
+from shared.settings import BaseServiceSettings, redacted_url
 
 SPEC = """
 id: clicks
@@ -354,3 +354,9 @@ def test_the_throughput_profile_changes_only_what_was_not_set(monkeypatch: pytes
     assert IngestSettings().batch_linger_ms == 100
     monkeypatch.setenv("SF_SINK_COMMIT_INTERVAL_MS", "250")  # explicit wins over the profile
     assert SinkSettings().commit_interval_ms == 250
+
+
+def test_a_logged_redis_url_never_shows_its_password() -> None:
+    assert redacted_url("redis://sink:s3cret@127.0.0.1:6379/0") == "redis://sink:***@127.0.0.1:6379/0"
+    assert redacted_url("redis://:s3cret@localhost/1") == "redis://:***@localhost/1"
+    assert redacted_url("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
