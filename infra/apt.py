@@ -51,6 +51,8 @@ CHROMIUM = DebianTool("chromium", "chromium")
 PODMAN = DebianTool("podman", "podman")
 RUNC = DebianTool("runc", "runc")
 MMDEBSTRAP = DebianTool("mmdebstrap", "mmdebstrap")
+# podman kube play builds its pods' pause image around catatonit (a podman Recommends).
+CATATONIT = DebianTool("catatonit", "catatonit")
 
 
 @contextlib.contextmanager

@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -83,11 +84,23 @@ DATA_DIR = "/var/lib/streamforge"
 TLS_DIR = "/etc/streamforge/tls"
 USER_UID = 10001
 
-# Every podman call: runc (the runtime these machines are checked with) and the limits JVMs need.
+# Every podman call: runc (the runtime these machines are checked with) and limits within the hard
+# limits here (podman's default of 1048576 open files is refused: "error setting rlimit type 7").
 PODMAN = ("podman", "--runtime", "runc")
+ULIMITS = ("--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096")
+# The same for what podman creates without such flags (kube play's pods and their infra containers):
+# a containers.conf that infra's podman calls name in CONTAINERS_CONF.
+CONTAINERS_CONF = CACHE_DIR / "images" / "containers.conf"
+CONTAINERS_CONF_TEXT = """\
+# Written by infra/images.py; used through CONTAINERS_CONF by infra's podman calls only.
+[containers]
+default_ulimits = ["nofile=4096:4096", "nproc=4096:4096"]
+
+[engine]
+runtime = "runc"
+"""
 # The build machine's CA bundle, given to pip inside the build (an HTTPS proxy this machine trusts).
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
-ULIMITS = ("--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096")
 
 
 def _stderr_log(msg: str) -> None:
@@ -107,8 +120,8 @@ def service_image(service: str) -> str:
 
 
 def ensure_tools(log: Log = _stderr_log) -> None:
-    """podman, runc and mmdebstrap, installed from Debian when missing (needs root)."""
-    for tool in (apt.PODMAN, apt.RUNC, apt.MMDEBSTRAP):
+    """podman, runc, mmdebstrap and catatonit, installed from Debian when missing (needs root)."""
+    for tool in (apt.PODMAN, apt.RUNC, apt.MMDEBSTRAP, apt.CATATONIT):
         tool.ensure_installed(log)
 
 
@@ -202,6 +215,16 @@ class ImageSpec:
     inputs: str
     build_args: tuple[tuple[str, str], ...] = ()
 
+    @property
+    def pinned(self) -> str:
+        """A tag naming these inputs: what a test or a child image uses, whatever another checkout
+        of the project builds under the version tag meanwhile."""
+        return pinned_ref(self.ref, self.inputs)
+
+
+def pinned_ref(ref: str, inputs: str) -> str:
+    return f"{ref.rsplit(':', 1)[0]}:in-{inputs[:16]}"
+
 
 def stage_context(context: Path = CONTEXT_DIR, log: Log = _stderr_log) -> dict[str, ImageSpec]:
     """Copy what the images are built from into ``context``; returns the images in build order."""
@@ -240,11 +263,13 @@ def stage_context(context: Path = CONTEXT_DIR, log: Log = _stderr_log) -> dict[s
     )
     shared_files = [context / f.relative_to(ROOT) for f in code if f.relative_to(ROOT).parts[0] == "shared"]
     jar_paths = json.dumps([f"{JARS_DIR}/{j.name}" for j in jars])
+    debian_spec = ImageSpec(image_name("debian", DEBIAN_SUITE), Path(), "", debian)
+    python_spec = ImageSpec(image_name("python"), python_cf, debian_spec.pinned, python)
     specs = {
-        "debian": ImageSpec(image_name("debian", DEBIAN_SUITE), Path(), "", debian),
-        "python": ImageSpec(image_name("python"), python_cf, image_name("debian", DEBIAN_SUITE), python),
+        "debian": debian_spec,
+        "python": python_spec,
         "spark": ImageSpec(
-            image_name("spark"), spark_cf, image_name("python"), spark_digest, (("SPARK_JARS", jar_paths),)
+            image_name("spark"), spark_cf, python_spec.pinned, spark_digest, (("SPARK_JARS", jar_paths),)
         ),
     }
     for service in SERVICES:
@@ -262,35 +287,45 @@ def stage_context(context: Path = CONTEXT_DIR, log: Log = _stderr_log) -> dict[s
                 *_file_parts(context, [*shared_files, context / "services" / "__init__.py", *own]),
             ]
         )
-        specs[service] = ImageSpec(service_image(service), containerfile, parent.ref, digest)
+        specs[service] = ImageSpec(service_image(service), containerfile, parent.pinned, digest)
     return specs
 
 
 # --- podman -----------------------------------------------------------------------------------------
 
 
-def podman(args: Sequence[str], *, check: bool = True, capture: bool = True, **kw: object) -> str:
-    proc = subprocess.run(
+def podman_env() -> dict[str, str]:
+    """The environment of infra's podman calls: CONTAINERS_CONF set to our containers.conf."""
+    if not CONTAINERS_CONF.exists() or CONTAINERS_CONF.read_text() != CONTAINERS_CONF_TEXT:
+        CONTAINERS_CONF.parent.mkdir(parents=True, exist_ok=True)
+        CONTAINERS_CONF.write_text(CONTAINERS_CONF_TEXT)
+    return {**os.environ, "CONTAINERS_CONF": str(CONTAINERS_CONF)}
+
+
+def run_podman(args: Sequence[str], stdin: bytes | None = None) -> subprocess.CompletedProcess[str]:
+    """``podman --runtime runc <args>``, output captured, whatever its exit status."""
+    return subprocess.run(
         [*PODMAN, *args],
-        capture_output=capture,
+        input=stdin.decode() if stdin is not None else None,
+        capture_output=True,
         text=True,
         check=False,
-        **kw,  # type: ignore[call-overload]
+        env=podman_env(),
     )
-    if check and proc.returncode != 0:
-        out = "\n".join(((proc.stdout or "") + (proc.stderr or "")).strip().splitlines()[-20:])
+
+
+def podman(args: Sequence[str], stdin: bytes | None = None) -> str:
+    """``podman --runtime runc <args>``'s output; InfraError when it fails."""
+    proc = run_podman(args, stdin)
+    if proc.returncode != 0:
+        out = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-20:])
         raise InfraError(f"`podman {' '.join(args)}` failed (exit {proc.returncode}):\n{out}")
-    return str(proc.stdout or "")
+    return proc.stdout
 
 
 def image_label(ref: str) -> str | None:
     """The inputs digest an existing image was built from, or None when there is no such image."""
-    proc = subprocess.run(
-        [*PODMAN, "image", "inspect", "--format", f'{{{{index .Labels "{LABEL}"}}}}', ref],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    proc = run_podman(["image", "inspect", "--format", f'{{{{index .Labels "{LABEL}"}}}}', ref])
     return proc.stdout.strip() if proc.returncode == 0 else None
 
 
@@ -299,8 +334,8 @@ def image_size_mb(ref: str) -> float:
 
 
 def _import_debian(spec: ImageSpec, log: Log) -> None:
-    ref = spec.ref
-    log(f"making {ref} with mmdebstrap ({', '.join(DEBIAN_PACKAGES)})")
+    ref = spec.pinned
+    log(f"making {spec.ref} with mmdebstrap ({', '.join(DEBIAN_PACKAGES)})")
     debootstrap = subprocess.Popen(
         [
             "mmdebstrap",
@@ -319,6 +354,7 @@ def _import_debian(spec: ImageSpec, log: Log) -> None:
         capture_output=True,
         text=True,
         check=False,
+        env=podman_env(),
     )
     assert debootstrap.stdout is not None and debootstrap.stderr is not None
     debootstrap.stdout.close()
@@ -342,10 +378,10 @@ def _build(spec: ImageSpec, context: Path, log: Log) -> None:
         "-f",
         str(spec.containerfile),
         "-t",
-        spec.ref,
+        spec.pinned,
         str(context),
     ]
-    proc = subprocess.run([*PODMAN, *args], capture_output=True, text=True, check=False)
+    proc = subprocess.run([*PODMAN, *args], capture_output=True, text=True, check=False, env=podman_env())
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-30:])
         raise InfraError(f"building {spec.ref} failed (exit {proc.returncode}):\n{tail}")
@@ -354,6 +390,7 @@ def _build(spec: ImageSpec, context: Path, log: Log) -> None:
 @dataclass(frozen=True)
 class Built:
     ref: str
+    pinned: str  # the same image, tagged with its inputs digest
     built: bool  # False: the image with these inputs existed (the stamp matched)
     seconds: float
     size_mb: float
@@ -367,17 +404,32 @@ def build_all(names: Sequence[str] = SERVICES, log: Log = _stderr_log) -> list[B
     results = []
     for name in wanted:
         spec = specs[name]
-        ref = spec.ref
         t0 = time.monotonic()
-        fresh = image_label(ref) != spec.inputs
+        fresh = image_label(spec.pinned) != spec.inputs
         if fresh:
             if name == "debian":
                 _import_debian(spec, log)
             else:
                 _build(spec, CONTEXT_DIR, log)
-        results.append(Built(ref, fresh, time.monotonic() - t0, image_size_mb(ref)))
-        log(f"{ref}: {'built' if fresh else 'up to date'} ({results[-1].size_mb:.0f} MB)")
+        podman(["tag", spec.pinned, spec.ref])  # the version tag: what the manifests name
+        results.append(Built(spec.ref, spec.pinned, fresh, time.monotonic() - t0, image_size_mb(spec.pinned)))
+        log(f"{spec.pinned}: {'built' if fresh else 'up to date'} ({results[-1].size_mb:.0f} MB)")
     return results
+
+
+def prune(keep: Iterable[str], log: Log = _stderr_log) -> list[str]:
+    """Remove this project's images (label io.streamforge.inputs) other than ``keep``: older builds
+    under their inputs tag, and untagged ones. An image a container still uses stays."""
+    keep_ids = {podman(["image", "inspect", "--format", "{{.Id}}", ref]).strip() for ref in keep}
+    listed = podman(["images", "--all", "--filter", f"label={LABEL}", "--format", "{{.Id}}"]).split()
+    removed = []
+    for image_id in dict.fromkeys(listed):
+        if any(k.startswith(image_id) or image_id.startswith(k) for k in keep_ids):
+            continue
+        if run_podman(["rmi", image_id]).returncode == 0:
+            removed.append(image_id[:12])
+    log(f"removed {len(removed)} older images" if removed else "no older images to remove")
+    return removed
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -385,10 +437,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m infra.images", description=__doc__.splitlines()[0])
     parser.add_argument("services", nargs="*", default=list(SERVICES))
+    parser.add_argument(
+        "--prune", action="store_true", help="then remove this project's images older than the ones built"
+    )
     args = parser.parse_args(argv)
     t0 = time.monotonic()
     try:
         built = build_all(args.services, log=lambda m: print(f"• {m}", flush=True))
+        if args.prune:
+            prune([b.pinned for b in built], log=lambda m: print(f"• {m}", flush=True))
     except InfraError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -13,6 +13,7 @@ each, and only the kinds podman 4.3 creates (it skips Services and HorizontalPod
 from __future__ import annotations
 
 import argparse
+import base64
 import copy
 import json
 import sys
@@ -198,26 +199,29 @@ def _secret(name: str, data: Mapping[str, str]) -> Doc:
 
 # --- one machine, podman kube play ----------------------------------------------------------------
 
-# What podman 4.3's kube play creates; it skips the rest (Services, HorizontalPodAutoscalers).
-PODMAN_KINDS = ("ConfigMap", "Secret", "PersistentVolumeClaim", "Deployment")
+# What podman 4.3's kube play creates from a YAML file; it skips the rest (Services,
+# HorizontalPodAutoscalers). Secrets are made with `podman secret create` instead: see podman_secrets.
+PODMAN_KINDS = ("ConfigMap", "PersistentVolumeClaim", "Deployment")
 
 
 def local_manifests(
     docs: Sequence[Doc],
-    secret_docs: Sequence[Doc],
     settings: Mapping[str, str],
     services: Sequence[str] = SERVICES,
 ) -> list[Doc]:
     """The manifests for ``podman kube play`` on this machine: ``settings`` (ports, addresses,
-    127.0.0.1 hosts, ...) merged into the ConfigMap, container ports and probes moved to the
-    ConfigMap's new ports, the placeholder Secrets replaced by ``secret_docs``, host network, one
-    replica per Deployment."""
+    127.0.0.1 hosts, ...) merged into the ConfigMap, probes moved to the
+    ConfigMap's new ports, host network (so no containerPorts to map), one replica per Deployment.
+
+    Secret volumes say ``optional: false`` (podman 4.3 crashes when it is left out). A container's
+    own ``env`` entries that ``settings`` names are dropped (a pod's env would win over
+    the ConfigMap), and so are ``status.podIP`` references, which podman 4.3 cannot fill."""
     out: list[Doc] = []
     base = find(docs, "ConfigMap", CONFIGMAP)["data"]
     moved = {int(base[k]): int(settings[k]) for k in PORT_SETTINGS if k in settings}
     for original in docs:
         kind = original.get("kind")
-        if kind not in PODMAN_KINDS or kind == "Secret":
+        if kind not in PODMAN_KINDS:
             continue
         d = copy.deepcopy(original)
         if kind == "ConfigMap" and d["metadata"]["name"] == CONFIGMAP:
@@ -228,16 +232,61 @@ def local_manifests(
             d["spec"]["replicas"] = 1
             pod = d["spec"]["template"]["spec"]
             pod["hostNetwork"] = True
+            for vol in pod.get("volumes", []):
+                if "secret" in vol:
+                    # podman 4.3 dereferences `optional` without checking that it was given (a panic).
+                    vol["secret"].setdefault("optional", False)
             for c in pod["containers"]:
-                for p in c.get("ports", []):
-                    p["containerPort"] = moved.get(p["containerPort"], p["containerPort"])
+                c["env"] = [
+                    e
+                    for e in c.get("env", [])
+                    if e["name"] not in settings
+                    and e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") != "status.podIP"
+                ]
+                # On the host network there is nothing to map (podman 4.3 refuses port mappings there).
+                c.pop("ports", None)
                 for _kind, probe in _probes(c):
                     get = probe.get("httpGet")
                     if get:
                         get["port"] = moved.get(get["port"], get["port"])
         out.append(d)
-    # Secrets first: podman creates what a pod refers to before the pod.
-    return [*copy.deepcopy(list(secret_docs)), *out]
+    return out
+
+
+def podman_secrets(docs: Sequence[Doc], secret_docs: Sequence[Doc]) -> dict[str, bytes]:
+    """``secret_docs`` as the podman secrets podman 4.3's kube play reads: name → content.
+
+    That podman reads a secret two ways, neither the Kubernetes one: for a ``secretKeyRef`` the secret
+    must be a flat JSON object of base64 values; for a ``secret`` volume a Secret manifest whose
+    ``data`` values are the files' bytes as they are (it writes base64 text into the files otherwise,
+    and crashes on ``stringData``). A Secret used both ways cannot work there; ours are one or the other.
+    """
+    as_env: set[str] = set()
+    as_volume: set[str] = set()
+    for dep in (d for d in docs if d.get("kind") == "Deployment"):
+        pod = dep["spec"]["template"]["spec"]
+        as_volume |= {v["secret"]["secretName"] for v in pod.get("volumes", []) if "secret" in v}
+        for c in pod["containers"]:
+            for e in c.get("env", []):
+                ref = e.get("valueFrom", {}).get("secretKeyRef")
+                if ref:
+                    as_env.add(ref["name"])
+    out = {}
+    for sec in secret_docs:
+        name = sec["metadata"]["name"]
+        values = {
+            **{k: base64.b64decode(v).decode() for k, v in (sec.get("data") or {}).items()},
+            **(sec.get("stringData") or {}),
+        }
+        if name in as_env and name in as_volume:
+            raise InfraError(f"Secret {name} is used as env and as a volume: podman 4.3 cannot play that")
+        if name in as_env:
+            flat = {k: base64.b64encode(v.encode()).decode() for k, v in values.items()}
+            out[name] = json.dumps(flat).encode()
+        elif name in as_volume:
+            manifest = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "data": values}
+            out[name] = yaml.safe_dump(manifest).encode()
+    return out
 
 
 def dump(docs: Sequence[Doc]) -> str:

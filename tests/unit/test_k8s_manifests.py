@@ -4,12 +4,15 @@ Also the run-time requirements the images install (infra/images.py). No network,
 
 from __future__ import annotations
 
+import base64
 import copy
+import json
 import types
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import yaml
 
 from infra import images, kube
 from infra.paths import ROOT
@@ -143,18 +146,25 @@ def test_local_manifests_run_on_the_given_ports_with_real_secrets(tmp_path: Path
     assert kube.validate(secrets) == []
     tls = next(d for d in secrets if d["metadata"]["name"] == "streamforge-tls-sink")["stringData"]
     assert set(tls) == {"ca.crt", "sink.crt", "sink.key"}  # its own key only, never the CA's
-    local = kube.local_manifests(DOCS, secrets, {"SF_SINK_METRICS_PORT": "29103", "SF_LOG_LEVEL": "DEBUG"})
+    settings = {"SF_SINK_METRICS_PORT": "29103", "SF_LOG_LEVEL": "DEBUG", "SF_PROCESSOR_SPARK_CONF": "{}"}
+    local = kube.local_manifests(DOCS, settings)
     assert kube.validate(local) == []
-    assert {d["kind"] for d in local} == {"Secret", "ConfigMap", "PersistentVolumeClaim", "Deployment"}
+    assert {d["kind"] for d in local} == {"ConfigMap", "PersistentVolumeClaim", "Deployment"}
     assert kube.find(local, "ConfigMap", kube.CONFIGMAP)["data"]["SF_LOG_LEVEL"] == "DEBUG"
     sink = _deployment(local, "sink")
     assert sink["spec"]["replicas"] == 1 and sink["spec"]["template"]["spec"]["hostNetwork"] is True
     (container,) = kube.containers(sink)
     assert container["livenessProbe"]["httpGet"]["port"] == 29103
-    assert {p["containerPort"] for p in container["ports"]} == {6126, 29103}
-    assert kube.find(local, "Secret", kube.CREDENTIALS)["stringData"]["sink-redis-url"].startswith(
-        "redis://sink"
-    )
+    assert "ports" not in container  # the host network maps nothing
+    (processor,) = kube.containers(_deployment(local, "processor"))
+    assert {e["name"] for e in processor["env"]} == {"SF_REDIS_URL"}  # the ConfigMap's SPARK_CONF applies
+
+    podman = kube.podman_secrets(DOCS, secrets)
+    assert set(podman) == {d["metadata"]["name"] for d in secrets}
+    flat = json.loads(podman[kube.CREDENTIALS])  # read by secretKeyRef: JSON of base64 values
+    assert base64.b64decode(flat["sink-redis-url"]).decode() == "redis://sink:pw@127.0.0.1:1/0"
+    volume = yaml.safe_load(podman["streamforge-tls-sink"])  # read by a secret volume: the bytes as they are
+    assert volume["data"]["sink.key"] == (tmp_path / "sink.key").read_text()
 
 
 def test_images_install_the_services_dependencies_pinned_by_the_lock() -> None:
