@@ -25,8 +25,9 @@ setup: $(STAMP)
 demo: setup
 	@$(BIN)/python -m infra.demo
 
+# The container tests (podman, minutes) run in `make test-containers`.
 test: setup lint typecheck
-	@$(BIN)/pytest -q -ra
+	@$(BIN)/pytest -q -ra -m "not containers"
 
 # The four service images (podman; Debian base from mmdebstrap, no registry), rebuilt only when their
 # inputs change: infra/images.py. Installs podman, runc and mmdebstrap when missing (root).
