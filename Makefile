@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | cksum | cut -d' ' -f1)
 UV_VERSION := 0.13.9
 
-.PHONY: setup demo test bench chaos lint typecheck unit integration e2e stop status lock clean
+.PHONY: setup demo test bench chaos lint typecheck unit integration e2e stop status lock clean images test-containers
 
 # A virtualenv with the pinned dependencies of requirements.lock (re-installed when it changes).
 $(STAMP): requirements.lock pyproject.toml
@@ -25,8 +25,18 @@ setup: $(STAMP)
 demo: setup
 	@$(BIN)/python -m infra.demo
 
+# The container tests (podman, minutes) run in `make test-containers`.
 test: setup lint typecheck
-	@$(BIN)/pytest -q -ra
+	@$(BIN)/pytest -q -ra -m "not containers"
+
+# The four service images (podman; Debian base from mmdebstrap, no registry), rebuilt only when their
+# inputs change: infra/images.py. Installs podman, runc and mmdebstrap when missing (root).
+images: setup
+	@$(BIN)/python -m infra.images
+
+# The pipeline through the images: `podman run` of each service, then `podman kube play` of infra/k8s.
+test-containers: images
+	@$(BIN)/pytest -q -ra -m containers tests/containers
 
 # Speed and memory targets: measured here, never by timed unit tests.
 bench: setup

@@ -46,6 +46,13 @@ class DebianTool:
 
 REDIS_SERVER = DebianTool("redis-server", "redis-server")
 CHROMIUM = DebianTool("chromium", "chromium")
+# Container images (infra/images.py): podman builds and runs them, runc is the runtime it is told to use,
+# mmdebstrap makes the Debian base image (no container registry is needed).
+PODMAN = DebianTool("podman", "podman")
+RUNC = DebianTool("runc", "runc")
+MMDEBSTRAP = DebianTool("mmdebstrap", "mmdebstrap")
+# podman kube play builds its pods' pause image around catatonit (a podman Recommends).
+CATATONIT = DebianTool("catatonit", "catatonit")
 
 
 @contextlib.contextmanager

@@ -1,0 +1,220 @@
+"""The pipeline through the container images (make images), against the broker and Redis of the test
+session (host network, SF_TEST_PORT_OFFSET ports): first each service with `podman run`, then the
+manifests of infra/k8s with `podman kube play`. A job is submitted to control, events are posted to
+ingest's HTTP API, and Redis must hold exactly the windows a plain-Python oracle computes.
+
+`make test-containers` runs these (they build the images first, or find them cached).
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from infra import images, kube
+from infra.container_stack import (
+    Credentials,
+    KubePlay,
+    healthy,
+    is_running,
+    kube_play,
+    logs,
+    remove,
+    run_service,
+    tls_dirs,
+)
+from infra.datagen import oracle_window_counts
+from infra.stack import StackConfig
+from shared import constants
+from shared.client.sdk import Client
+from shared.kafka import ensure_topics
+from tests.e2e.stack_util import PAGE_VIEWS_SPEC
+
+pytestmark = pytest.mark.containers
+
+WINDOW_MS = 5_000
+START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z, a window boundary
+
+
+@pytest.fixture(scope="module")
+def image_refs() -> dict[str, str]:
+    """service -> the image built from this checkout (its inputs tag)."""
+    built = images.build_all()
+    return {b.ref.rsplit("/", 1)[1].split(":")[0]: b.pinned for b in built if b.ref.count("/") == 2}
+
+
+@pytest.fixture
+def credentials(stack_cfg: StackConfig, redis_url: str) -> Credentials:
+    return Credentials.for_stack(stack_cfg, secrets.token_urlsafe(24), secrets.token_urlsafe(24))
+
+
+def _events(n_pages: int = 3, per_window: int = 4, windows: int = 3) -> list[dict[str, object]]:
+    """Events of ``n_pages`` pages over ``windows`` 5 s windows, out of order within each window by
+    less than 3 s (the job's watermark allows 4 s: none is late)."""
+    out: list[dict[str, object]] = []
+    for w in range(windows):
+        for i in range(per_window * n_pages):
+            ts = START_MS + w * WINDOW_MS + (WINDOW_MS - 1 - (i * 397) % 3_000)
+            out.append({"page": f"/p{i % n_pages}", "user": f"u{i}", "ts": ts, "latency_ms": 1.5 * i})
+    return out
+
+
+def _wait(what: str, ok: Callable[[], bool], timeout_s: float, why: Callable[[], str]) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if ok():
+            return
+        time.sleep(1)
+    pytest.fail(f"{what} not within {timeout_s:.0f} s\n{why()}")
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=3).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _ready_urls(cfg: StackConfig) -> dict[str, str]:
+    """What the readiness probes ask (infra/k8s), on the local ports."""
+    _ingest_metrics, processor_metrics, sink_metrics = cfg.metrics_ports
+    return {
+        "control": f"{cfg.control_url}/readyz",
+        "ingest": f"http://127.0.0.1:{cfg.ingest_http_port}/readyz",
+        "processor": f"http://127.0.0.1:{processor_metrics}/metrics",
+        "sink": f"http://127.0.0.1:{sink_metrics}/metrics",
+    }
+
+
+def _run_job_and_check_redis(
+    cfg: StackConfig, credentials: Credentials, name: str, client: redis.Redis, why: Callable[[], str]
+) -> None:
+    """Submit the page-views job to control, post events to ingest, and wait for Redis to hold the
+    oracle's windows (also through control's results API)."""
+    spec_text = PAGE_VIEWS_SPEC.format(name=name)
+    ensure_topics(cfg.bootstrap, [name], partitions=1)
+    with Client(cfg.control_url, credentials.control_token) as api:
+        api.submit(spec_text, wait=True)
+        api.wait_for(name, "RUNNING", timeout_s=180)
+
+        ingest = httpx.Client(
+            base_url=f"http://127.0.0.1:{cfg.ingest_http_port}",
+            headers={"Authorization": f"Bearer {credentials.ingest_token}"},
+            timeout=15,
+        )
+        with ingest:
+            # Control pushes the job's stream to ingest (gRPC, mutual TLS) once the job runs.
+            _wait(
+                "ingest to know the job's stream",
+                lambda: name in ingest.get("/v1/streams").text,
+                60,
+                why,
+            )
+            events = _events()
+            resp = ingest.post(f"/v1/streams/{name}/events", json=events)
+            assert resp.status_code == 202, resp.text
+
+        expected = oracle_window_counts(events, WINDOW_MS)
+        assert len(expected) == 9
+
+        def in_redis() -> dict[tuple[str, int], int]:
+            got = {}
+            for page, start in expected:
+                views = client.hget(constants.redis_window_key(name, page, start), "views")
+                if views is not None:
+                    got[(page, start)] = int(float(views))
+            return got
+
+        _wait(
+            "Redis to hold the oracle's windows",
+            lambda: in_redis() == expected,
+            180,
+            lambda: f"{in_redis()}\n{why()}",
+        )
+        served = api.results(name, limit=100)
+        assert {(w["key"], w["window_start"]): w["aggregates"]["views"] for w in served} == expected
+        api.cancel(name, wait=True)
+
+
+@pytest.fixture
+def service_containers(
+    stack_cfg: StackConfig,
+    kafka_bootstrap: str,
+    credentials: Credentials,
+    image_refs: dict[str, str],
+    tmp_path: Path,
+) -> Iterator[dict[str, str]]:
+    tls = tls_dirs(tmp_path / "pki", tmp_path / "tls")
+    names: dict[str, str] = {}
+    try:
+        for service in kube.SERVICES:
+            names[service] = run_service(stack_cfg, service, image_refs[service], credentials, tls[service])
+        yield names
+    finally:
+        for name in names.values():
+            remove(name)
+
+
+def test_events_go_through_the_service_containers(
+    stack_cfg: StackConfig,
+    service_containers: dict[str, str],
+    credentials: Credentials,
+    redis_client: redis.Redis,
+    unique: str,
+) -> None:
+    def why() -> str:
+        return "\n".join(logs(n) for n in service_containers.values())
+
+    for service, url in _ready_urls(stack_cfg).items():
+        _wait(f"{service} (container) to be ready", lambda url=url: _http_ok(url), 240, why)
+    _run_job_and_check_redis(stack_cfg, credentials, unique, redis_client, why)
+    for service, name in service_containers.items():
+        assert is_running(name), f"{service} died\n{why()}"
+
+
+@pytest.fixture
+def played(
+    stack_cfg: StackConfig,
+    kafka_bootstrap: str,
+    credentials: Credentials,
+    image_refs: dict[str, str],
+    tmp_path: Path,
+) -> Iterator[KubePlay]:
+    from infra.pki import ensure_pki
+
+    ensure_pki(tmp_path / "pki")
+    play = kube_play(stack_cfg, credentials, tmp_path / "pki", tmp_path, image_refs)
+    try:
+        yield play
+    finally:
+        play.down()
+
+
+def test_kube_play_of_the_manifests_runs_the_pipeline(
+    stack_cfg: StackConfig, played: KubePlay, credentials: Credentials, redis_client: redis.Redis, unique: str
+) -> None:
+    containers = played.containers()
+
+    def why() -> str:
+        return "\n".join(logs(n) for n in containers.values())
+
+    for service, url in _ready_urls(stack_cfg).items():
+        _wait(f"{service} (kube play) to be ready", lambda url=url: _http_ok(url), 240, why)
+    # Each livenessProbe became a podman healthcheck (curl inside the container): they pass.
+    for service, name in containers.items():
+        _wait(f"{service}'s liveness probe to pass", lambda name=name: healthy(name), 60, why)
+    _run_job_and_check_redis(stack_cfg, credentials, unique, redis_client, why)
+    for service, name in containers.items():
+        assert is_running(name), f"{service} died\n{why()}"
+    # The processor keeps its checkpoints on the PersistentVolumeClaim (a podman volume here).
+    (volume,) = played.volumes
+    data = Path(images.podman(["volume", "inspect", "--format", "{{.Mountpoint}}", volume]).strip())
+    assert any(unique in p.name for p in (data / "checkpoints").iterdir()), sorted(
+        (data / "checkpoints").iterdir()
+    )

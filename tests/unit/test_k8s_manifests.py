@@ -1,0 +1,181 @@
+"""The Kubernetes manifests (infra/k8s) against the Kubernetes schemas (kubernetes-validate, strict) and
+against the code: probes on endpoints the services serve, ports the settings name, Secrets that exist.
+Also the run-time requirements the images install (infra/images.py). No network, no podman."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import types
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+
+from infra import images, kube
+from infra.paths import ROOT
+from infra.pki import ensure_pki
+from services.control.api.routes import health
+from services.ingest.http import create_app
+from services.ingest.settings import IngestSettings
+
+DOCS = kube.load()
+
+
+@pytest.mark.parametrize("path", kube.manifest_files(), ids=lambda p: p.name)
+def test_every_manifest_passes_the_kubernetes_schema(path: Path) -> None:
+    docs = kube.load([path])
+    assert docs, f"{path} holds no manifest"
+    assert kube.validate(docs) == []
+
+
+def test_the_manifests_refer_to_what_exists() -> None:
+    assert kube.cross_check(DOCS) == []
+    kinds = sorted({d["kind"] for d in DOCS})
+    assert kinds == [
+        "ConfigMap",
+        "Deployment",
+        "HorizontalPodAutoscaler",
+        "PersistentVolumeClaim",
+        "Secret",
+        "Service",
+    ]
+    scaled = {d["spec"]["scaleTargetRef"]["name"] for d in DOCS if d["kind"] == "HorizontalPodAutoscaler"}
+    assert scaled == {"ingest", "sink"}
+
+
+def _deployment(docs: list[kube.Doc], name: str) -> kube.Doc:
+    return kube.find(docs, "Deployment", name)
+
+
+def _set_port_type(docs: list[kube.Doc]) -> None:
+    kube.containers(_deployment(docs, "sink"))[0]["ports"][0]["containerPort"] = "grpc"
+
+
+def _misspell_field(docs: list[kube.Doc]) -> None:
+    _deployment(docs, "ingest")["spec"]["replica"] = 2
+
+
+def _drop_selector(docs: list[kube.Doc]) -> None:
+    del _deployment(docs, "control")["spec"]["selector"]
+
+
+SCHEMA_BREAKS: dict[str, Callable[[list[kube.Doc]], None]] = {
+    "port of the wrong type": _set_port_type,
+    "unknown field": _misspell_field,
+    "required field missing": _drop_selector,
+}
+
+
+@pytest.mark.parametrize("name", SCHEMA_BREAKS)
+def test_a_broken_manifest_fails_the_schema(name: str) -> None:
+    docs = copy.deepcopy(DOCS)
+    SCHEMA_BREAKS[name](docs)
+    assert kube.validate(docs) != []
+
+
+def _probe_elsewhere(docs: list[kube.Doc]) -> None:
+    kube.containers(_deployment(docs, "processor"))[0]["livenessProbe"]["httpGet"]["port"] = 9999
+
+
+def _missing_secret_key(docs: list[kube.Doc]) -> None:
+    env = kube.containers(_deployment(docs, "sink"))[0]["env"]
+    next(e for e in env if e["name"] == "SF_REDIS_URL")["valueFrom"]["secretKeyRef"]["key"] = "nope"
+
+
+def _other_image(docs: list[kube.Doc]) -> None:
+    kube.containers(_deployment(docs, "control"))[0]["image"] = "docker.io/library/python:3.11"
+
+
+def _no_service(docs: list[kube.Doc]) -> None:
+    docs.remove(kube.find(docs, "Service", "ingest"))
+
+
+CROSS_BREAKS: dict[str, Callable[[list[kube.Doc]], None]] = {
+    "probe on a port the container does not serve": _probe_elsewhere,
+    "Secret key that does not exist": _missing_secret_key,
+    "image make images does not build": _other_image,
+    "Deployment without a Service": _no_service,
+}
+
+
+@pytest.mark.parametrize("name", CROSS_BREAKS)
+def test_a_broken_reference_fails_the_cross_check(name: str) -> None:
+    docs = copy.deepcopy(DOCS)
+    CROSS_BREAKS[name](docs)
+    assert kube.validate(docs) == []  # valid Kubernetes, wrong for StreamForge
+    assert kube.cross_check(docs) != []
+
+
+def test_probes_ask_endpoints_the_services_serve() -> None:
+    gateway = types.SimpleNamespace(settings=IngestSettings())
+    served = {
+        "ingest": {r.path for r in create_app(gateway).routes},  # type: ignore[arg-type]
+        "control": {r.path for r in health.router.routes},
+        # The Prometheus server of the processor and the sink (shared/metrics.py).
+        "processor": {"/metrics"},
+        "sink": {"/metrics"},
+    }
+    for service in kube.SERVICES:
+        (container,) = kube.containers(_deployment(DOCS, service))
+        paths = {container[p]["httpGet"]["path"] for p in ("livenessProbe", "readinessProbe")}
+        assert paths <= served[service], service
+    assert {"/healthz", "/readyz"} <= served["ingest"] and {"/healthz", "/readyz"} <= served["control"]
+
+
+def test_the_committed_secrets_are_placeholders() -> None:
+    for doc in kube.load([kube.K8S_DIR / "secrets.yaml"]):
+        for key, value in doc["stringData"].items():
+            # redis-url names no user (ingest and the processor do not use Redis): nothing secret in it.
+            secret = key != "redis-url"
+            assert "PRIVATE KEY" not in value and ("REPLACE" in value or not secret), key
+
+
+def test_local_manifests_run_on_the_given_ports_with_real_secrets(tmp_path: Path) -> None:
+    ensure_pki(tmp_path)
+    secrets = kube.secrets(
+        tmp_path,
+        control_tokens={"control-token-123": ["read", "write"]},
+        ingest_tokens=["ingest-token-1234567"],
+        control_redis_url="redis://control:pw@127.0.0.1:1/0",
+        sink_redis_url="redis://sink:pw@127.0.0.1:1/0",
+        redis_url="redis://127.0.0.1:1/0",
+    )
+    assert kube.validate(secrets) == []
+    tls = next(d for d in secrets if d["metadata"]["name"] == "streamforge-tls-sink")["stringData"]
+    assert set(tls) == {"ca.crt", "sink.crt", "sink.key"}  # its own key only, never the CA's
+    settings = {"SF_SINK_METRICS_PORT": "29103", "SF_LOG_LEVEL": "DEBUG", "SF_PROCESSOR_SPARK_CONF": "{}"}
+    local = kube.local_manifests(DOCS, settings)
+    assert kube.validate(local) == []
+    assert {d["kind"] for d in local} == {"ConfigMap", "PersistentVolumeClaim", "Deployment"}
+    assert kube.find(local, "ConfigMap", kube.CONFIGMAP)["data"]["SF_LOG_LEVEL"] == "DEBUG"
+    sink = _deployment(local, "sink")
+    assert sink["spec"]["replicas"] == 1 and sink["spec"]["template"]["spec"]["hostNetwork"] is True
+    (container,) = kube.containers(sink)
+    assert container["livenessProbe"]["httpGet"]["port"] == 29103
+    assert "ports" not in container  # the host network maps nothing
+    (processor,) = kube.containers(_deployment(local, "processor"))
+    assert {e["name"] for e in processor["env"]} == {"SF_REDIS_URL"}  # the ConfigMap's SPARK_CONF applies
+
+    podman = kube.podman_secrets(DOCS, secrets)
+    assert set(podman) == {d["metadata"]["name"] for d in secrets}
+    flat = json.loads(podman[kube.CREDENTIALS])  # read by secretKeyRef: JSON of base64 values
+    assert base64.b64decode(flat["sink-redis-url"]).decode() == "redis://sink:pw@127.0.0.1:1/0"
+    volume = yaml.safe_load(podman["streamforge-tls-sink"])  # read by a secret volume: the bytes as they are
+    assert volume["data"]["sink.key"] == (tmp_path / "sink.key").read_text()
+
+
+def test_images_install_the_services_dependencies_pinned_by_the_lock() -> None:
+    lock = (ROOT / "requirements.lock").read_text()
+    pins = images.parse_lock(lock)
+    base, spark = images.runtime_requirements(lock)
+    names = {p.split("==")[0] for p in base}
+    assert {"confluent-kafka", "fastapi", "grpcio", "redis", "pydantic-core", "protobuf"} <= names
+    assert not names & {"pytest", "faust-streaming", "aiokafka", "typer", "rich", "grpcio-tools", "mypy"}
+    assert {p.split("==")[0] for p in spark} == {"pyspark", "py4j"}
+    for pin in base + spark:
+        name, version = pin.split("==")
+        assert pins[name][0] == version
+    assert pins["uvicorn"][1] == {"streamforge"}
