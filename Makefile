@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | cksum | cut -d' ' -f1)
 UV_VERSION := 0.13.9
 
-.PHONY: setup demo test bench chaos lint typecheck unit integration e2e stop status lock clean
+.PHONY: setup demo cluster test test-cluster bench chaos lint typecheck unit integration e2e stop status lock clean
 
 # A virtualenv with the pinned dependencies of requirements.lock (re-installed when it changes).
 $(STAMP): requirements.lock pyproject.toml
@@ -25,8 +25,18 @@ setup: $(STAMP)
 demo: setup
 	@$(BIN)/python -m infra.demo
 
+# The multi-node topology on this machine (README "Past one machine"): three Kafka nodes, a Spark
+# master and two workers, Redis, control, two ingest, two sink and two processor replicas.
+cluster: setup
+	@$(BIN)/python -m infra cluster up
+
 test: setup lint typecheck
-	@$(BIN)/pytest -q -ra
+	@$(BIN)/pytest -q -ra --ignore=tests/cluster
+
+# Faults in the cluster topology (SIGKILL of a broker, a Spark worker, a processor, an ingest and a
+# sink replica under load), judged by the chaos oracle; its own target: it starts ~15 processes.
+test-cluster: setup
+	@$(BIN)/pytest -q -ra tests/cluster
 
 # Speed and memory targets: measured here, never by timed unit tests.
 bench: setup
