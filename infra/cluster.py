@@ -332,8 +332,10 @@ def up(cfg: ClusterConfig, step: Callable[[str], None] = print) -> None:
 
 
 def down(cfg: ClusterConfig) -> list[str]:
-    """Stop every process of the cluster: services, Spark workers and master, Redis, Kafka."""
-    return procs.stop_all(cfg.run_dir, timeout_s=30)
+    """Stop every process of the cluster: the services (all at once: none needs another to stop),
+    then Spark's workers and master, Redis, Kafka."""
+    stopped = procs.stop_many([r.process for r in replicas(cfg)], cfg.run_dir, timeout_s=30)
+    return stopped + procs.stop_all(cfg.run_dir, timeout_s=30)
 
 
 def processes(cfg: ClusterConfig) -> list[tuple[str, int | None]]:

@@ -115,6 +115,7 @@ class KafkaCluster:
         self.run_dir = run_dir
         pairs = list(zip(ports, controller_ports, strict=True))
         cluster_id = self._cluster_id()
+        self._admin_client: Any = None
         self.nodes = [
             KafkaNode(run_dir, i, pairs, cluster_id, heap, cache_dir=cache_dir)
             for i in range(1, len(pairs) + 1)
@@ -162,6 +163,11 @@ class KafkaCluster:
         return procs.stop_many([n.name for n in self.nodes], self.run_dir, timeout_s)
 
     def _admin(self) -> Any:
+        """One admin client for this object's life: AdminClients made and dropped one per call, while
+        other threads use Kafka clients, crashed the interpreter here (a segfault when the broker they
+        polled had been killed; confluent-kafka-python #1761, #2129)."""
+        if self._admin_client is not None:
+            return self._admin_client
         from confluent_kafka.admin import AdminClient
 
         conf: dict[str, Any] = {
@@ -170,7 +176,8 @@ class KafkaCluster:
             "reconnect.backoff.max.ms": 500,
             "logger": LIBRDKAFKA_LOGGER,
         }
-        return AdminClient(conf)
+        self._admin_client = AdminClient(conf)
+        return self._admin_client
 
     def live_brokers(self, timeout_s: float = 5.0) -> list[int]:
         """Ids of the brokers the cluster's metadata lists (a fenced or dead node drops out)."""

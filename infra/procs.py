@@ -233,13 +233,15 @@ def stop_many(names: Sequence[str], run_dir: Path, timeout_s: float = 20) -> lis
     """Like stop_process for several processes at once: SIGTERM to all, then wait for each (SIGKILL
     after timeout_s). For peers whose shutdown needs each other, such as the nodes of a Kafka quorum.
     Returns the names that were running."""
+    running = set()
     if len(names) > 1:
         for name in names:
             pid = pid_of(name, run_dir)
             if pid is not None:
                 _signal_group(pid, signal.SIGTERM)
+                running.add(name)
     # Each then waited for (and SIGKILLed if need be) as on its own; the SIGTERM again is harmless.
-    return [n for n in names if stop_process(n, run_dir, timeout_s)]
+    return [n for n in names if stop_process(n, run_dir, timeout_s) or n in running]
 
 
 def infra_group(name: str) -> str | None:

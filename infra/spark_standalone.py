@@ -263,7 +263,13 @@ class SparkWorker(_Daemon):
             pid=self.pid,
         )
 
-    def executors(self) -> list[int]:
-        """Pids of the executor JVMs this worker runs now (its child processes)."""
-        pid = self.pid
-        return procs.children_of(pid) if pid is not None else []
+    @property
+    def webui_url(self) -> str:
+        return f"http://127.0.0.1:{self.webui_port}"
+
+    def executors(self, timeout_s: float = 3.0) -> list[str]:
+        """``<application id>/<executor id>`` of every executor this worker runs (its web UI's /json;
+        OSError when that does not answer)."""
+        with urllib.request.urlopen(f"{self.webui_url}/json/", timeout=timeout_s) as resp:
+            state: dict[str, Any] = json.load(resp)
+        return sorted(f"{e.get('appid')}/{e.get('id')}" for e in state.get("executors", []))
