@@ -36,7 +36,7 @@ from typing import Any
 
 import pytest
 import redis
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
 from infra import cluster, procs
@@ -173,36 +173,32 @@ class ClusterFaults(Faults):
         self.counted = [RedisWindows(self.redis, j) for j, s in specs.items() if s.get("emit") is None]
         self.raw_topics = sorted(specs)
         self.warmup_s: float | None = None
-        self.watermarks = Consumer({"bootstrap.servers": topo.bootstrap, "group.id": "cluster-test-offsets"})
 
     def _run(self) -> None:
         """First the jobs' warm-up: a new stateful query's first micro-batches take tens of seconds
         on this machine, which would count as the first fault's recovery."""
         began = time.monotonic()
-        try:
-            procs.wait_for(
-                lambda: all(p > 0 for p in self._progress()),
-                FLOW_TIMEOUT_S,
-                "every raw topic ingested and every on-update job counted in Redis",
-                interval_s=0.5,
-            )
-            self.warmup_s = round(time.monotonic() - began, 1)
-            _log(f"jobs warm after {self.warmup_s} s; faults begin")
-            super()._run()
-        finally:
-            self.watermarks.close()
+        procs.wait_for(
+            lambda: all(p > 0 for p in self._progress()),
+            FLOW_TIMEOUT_S,
+            "every raw topic ingested and every on-update job counted in Redis",
+            interval_s=0.5,
+        )
+        self.warmup_s = round(time.monotonic() - began, 1)
+        _log(f"jobs warm after {self.warmup_s} s; faults begin")
+        super()._run()
 
     # --- what "flowing" means ------------------------------------------------------------------
     def _progress(self) -> list[int]:
-        """The end offset of each stream's validated topic (what ingest has written), then each
-        on-update job's count in Redis. Synchronous calls only: see the gc note at the test."""
-        offsets = []
-        for topic in self.raw_topics:
-            try:
-                _, end = self.watermarks.get_watermark_offsets(TopicPartition(f"{topic}.valid", 0), timeout=5)
-            except KafkaException:
-                end = -1
-            offsets.append(end)
+        """The ingest group's committed offset of each raw topic, then each on-update job's count.
+        (Not the .valid topics' end offsets read with a consumer: that one kept asking the killed
+        broker for minutes.)"""
+        request = ConsumerGroupTopicPartitions(INGEST_GROUP, [TopicPartition(t, 0) for t in self.raw_topics])
+        try:
+            result = self.admin.list_consumer_group_offsets([request])[INGEST_GROUP].result(10)
+            offsets = [tp.offset for tp in result.topic_partitions]
+        except KafkaException:
+            offsets = [-1] * len(self.raw_topics)
         try:
             counts = [w.count_sum("n")[0] for w in self.counted]
         except redis.RedisError:
@@ -396,10 +392,10 @@ class ClusterFaults(Faults):
 
 @pytest.fixture
 def no_gc_in_client_threads() -> Iterator[None]:
-    """The interpreter's cyclic GC off while the faults run: a collection that happened to run in a
-    librdkafka thread (an admin future's callback) and freed a Kafka client there crashed pytest with
-    SIGSEGV twice, each time seconds after a broker kill (confluent-kafka-python #1761, #2129, whose
-    own tests disable GC the same way)."""
+    """The interpreter's cyclic GC off while the faults run: pytest died of SIGSEGV twice, each time
+    seconds after a broker kill, with admin futures in flight; a collection that runs in a librdkafka
+    thread (an admin future's callback) and frees a Kafka client there is the known cause
+    (confluent-kafka-python #1761, #2129, whose own tests disable GC the same way)."""
     gc.collect()
     gc.disable()
     try:
