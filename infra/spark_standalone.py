@@ -177,7 +177,7 @@ class SparkMaster(_Daemon):
             )
         return super().start()
 
-    def state(self, timeout_s: float = 3.0) -> dict[str, Any]:
+    def state(self, timeout_s: float = 10.0) -> dict[str, Any]:
         """The master's own view (its web UI's /json): status, workers, active applications."""
         with urllib.request.urlopen(f"{self.webui_url}/json/", timeout=timeout_s) as resp:
             body: dict[str, Any] = json.load(resp)
@@ -267,7 +267,7 @@ class SparkWorker(_Daemon):
     def webui_url(self) -> str:
         return f"http://127.0.0.1:{self.webui_port}"
 
-    def executors(self, timeout_s: float = 3.0) -> list[str]:
+    def executors(self, timeout_s: float = 10.0) -> list[str]:
         """``<application id>/<executor id>`` of every executor this worker runs (its web UI's /json;
         OSError when that does not answer)."""
         with urllib.request.urlopen(f"{self.webui_url}/json/", timeout=timeout_s) as resp:

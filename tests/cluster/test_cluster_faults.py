@@ -129,8 +129,20 @@ def test_topology_replicates_topics_and_spreads_work_over_the_cluster(topology: 
     from shared.kafka import ensure_topics
 
     ensure_topics(cfg.bootstrap, ["cluster-probe"], partitions=2)
-    probe = admin.list_topics("cluster-probe", timeout=10).topics["cluster-probe"]
-    assert [len(p.replicas) for p in probe.partitions.values()] == [3, 3]
+    # Metadata right after creation may not list the partitions yet (seen once): ask until it does.
+    procs.wait_for(
+        lambda: (
+            [
+                len(p.replicas)
+                for p in admin.list_topics("cluster-probe", timeout=10)
+                .topics["cluster-probe"]
+                .partitions.values()
+            ]
+            == [3, 3]
+        ),
+        30,
+        "cluster-probe with two partitions of three replicas",
+    )
     resources = [ConfigResource(ResourceType.TOPIC, t) for t in ["cluster-probe", *internal]]
     for resource, fut in admin.describe_configs(resources).items():
         assert fut.result()["min.insync.replicas"].value == "2", resource
@@ -317,8 +329,13 @@ class ClusterFaults(Faults):
     def _kill_worker(self) -> dict[str, Any]:
         master = cluster.spark_master(self.topo)
         victim = cluster.spark_workers(self.topo)[0]
-        executors = victim.executors()
-        assert executors, f"{victim.name} runs no executor"
+        executors: list[str] = []
+
+        def found() -> bool:
+            executors[:] = victim.executors()  # OSError (a slow web UI, seen once) counts as not yet
+            return bool(executors)
+
+        procs.wait_for(found, 60, f"{victim.name}'s executors")
         killed_at = self._kill(victim.name)
         procs.wait_for(lambda: not victim.registered(), 60, f"the master to drop {victim.name}")
         dropped_s = round(time.monotonic() - killed_at, 1)
