@@ -1,4 +1,4 @@
-"""CLI: python -m infra {fetch,up,down,status,smoke} [--run-dir DIR] [ports...]."""
+"""CLI: python -m infra {fetch,up,down,status,smoke,pki,cluster} [--run-dir DIR] [ports...]."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -145,6 +146,63 @@ def cmd_pki(args: argparse.Namespace) -> None:
     _done(f"PKI in {directory}: {what} (services read it from SF_TLS_DIR)", t0)
 
 
+def cmd_cluster(args: argparse.Namespace) -> None:
+    """The multi-node topology of infra/cluster.py: up, down or status."""
+    from infra import cluster
+
+    cfg = cluster.config(tests=args.tests)
+    t0 = time.monotonic()
+    if args.action == "down":
+        stopped = cluster.down(cfg)
+        _done(f"stopped: {', '.join(stopped) if stopped else 'nothing was running'}", t0)
+        return
+    if args.action == "up":
+        cluster.up(cfg, _step)
+        _done(f"cluster up in {cfg.run_dir}", t0)
+    console.print(_cluster_table(cfg))
+    if args.action == "up":
+        token = cfg.run_dir / "control-token"
+        console.print(
+            f"control API {cfg.control_url} (bearer token in {token}); Kafka bootstrap {cfg.bootstrap}\n"
+            f'submit a job:  curl -X POST {cfg.control_url}/jobs -H "Authorization: Bearer $(cat {token})" '
+            "-H 'Content-Type: application/yaml' --data-binary @services/processor/examples/page_views.yaml\n"
+            "stop it all:   make stop  (or python -m infra cluster down)"
+        )
+
+
+def _cluster_table(cfg: Any) -> Table:
+    from infra import cluster
+
+    k, master = cluster.kafka(cfg), cluster.spark_master(cfg)
+    brokers = k.live_brokers()
+    apps = [f"{a.get('name')} ({a.get('cores')} cores)" for a in master.applications()]
+    alive = cluster.registered(cfg)
+    table = Table(title=f"cluster ({cfg.run_dir})")
+    for col in ("process", "pid", "port", "RSS MB", "alive"):
+        table.add_column(col, justify="right" if col in ("pid", "port", "RSS MB") else "left")
+    total = 0.0
+    for name, port in cluster.processes(cfg):
+        pid = procs.pid_of(name, cfg.run_dir)
+        rss = procs.rss_mb(pid) if pid else 0.0
+        total += rss
+        table.add_row(
+            name,
+            str(pid) if pid else "-",
+            str(port) if port else "-",
+            f"{rss:.0f}" if pid else "-",
+            "[green]yes[/]" if pid else "[red]no[/]",
+        )
+    table.add_row("total", "", "", f"{total:.0f}", "")
+    under = k.under_replicated() if brokers else ["?"]
+    table.caption = (
+        f"Kafka brokers in the cluster: {brokers or 'none'}; under-replicated partitions: {len(under)}. "
+        f"Spark workers alive: {len(master.alive_workers())}; applications: "
+        f"{', '.join(apps) or 'none'}. "
+        f"Registered with control: {alive or 'nothing (control down?)'}"
+    )
+    return table
+
+
 def cmd_smoke(args: argparse.Namespace) -> None:
     from infra import smoke
 
@@ -178,6 +236,14 @@ def build_parser() -> argparse.ArgumentParser:
     pki_cmd.add_argument("--dir", type=Path, default=None, help="where (default: <run-dir>/pki)")
     pki_cmd.add_argument("--rotate", action="store_true", help="new service certificates from the same CA")
     sub.add_parser("status", help="table of processes, ports, memory (of the run dirs below too)")
+    cluster_cmd = sub.add_parser(
+        "cluster",
+        help="three Kafka nodes, Spark master + two workers, Redis, control, two of each other service",
+    )
+    cluster_cmd.add_argument("action", choices=("up", "down", "status"))
+    cluster_cmd.add_argument(
+        "--tests", action="store_true", help="the tests' cluster (.run/cluster-test*, ports 20700+)"
+    )
     smoke = sub.add_parser("smoke", help="produce/consume (plain + transactional) and Redis checks")
     smoke.add_argument("--spark", action="store_true", help="also read the topic with Spark's Kafka source")
     return parser
@@ -191,6 +257,7 @@ COMMANDS = {
     "status": cmd_status,
     "pki": cmd_pki,
     "smoke": cmd_smoke,
+    "cluster": cmd_cluster,
 }
 
 

@@ -1,6 +1,6 @@
 """A single-node Kafka broker in KRaft mode (broker+controller in one JVM), run as a detached process.
 
-Layout under run_dir:
+Layout under run_dir (``kafka`` is the process name; the nodes of infra/kafka_cluster.py use their own):
   kafka/server.properties   generated config (rewritten on every start)
   kafka/cluster.json        cluster id and controller port the storage was formatted with
   kafka/data/               log.dirs (topics and the __cluster_metadata log)
@@ -70,18 +70,20 @@ class KafkaBroker:
         heap: str = "768m",
         *,
         cache_dir: Path = CACHE_DIR,
+        name: str = NAME,
     ) -> None:
         self.run_dir = run_dir
         self.port = port
         self.controller_port = controller_port
         self.heap = heap
         self.cache_dir = cache_dir
-        self.home = run_dir / "kafka"
+        self.name = name  # of its pid file, home and logs
+        self.home = run_dir / name
         self.data_dir = self.home / "data"
         self.config_path = self.home / "server.properties"
         self.state_path = self.home / "cluster.json"
-        self.log_path = logs_dir(run_dir) / "kafka.out"
-        self.server_log_dir = logs_dir(run_dir) / "kafka"
+        self.log_path = logs_dir(run_dir) / f"{name}.out"
+        self.server_log_dir = logs_dir(run_dir) / name
 
     @property
     def bootstrap_servers(self) -> str:
@@ -89,14 +91,37 @@ class KafkaBroker:
 
     @property
     def pid(self) -> int | None:
-        return procs.pid_of(NAME, self.run_dir)
+        return procs.pid_of(self.name, self.run_dir)
 
-    def server_properties(self) -> str:
-        """The broker config. Sized for one node on a 2-core box; every replication factor is 1."""
-        props: dict[str, object] = {
+    def quorum_properties(self) -> dict[str, object]:
+        """Who this node is in the KRaft quorum: here the only voter (a dynamic quorum of one)."""
+        return {
             "process.roles": "broker,controller",
             "node.id": 1,
             "controller.quorum.bootstrap.servers": f"127.0.0.1:{self.controller_port}",
+        }
+
+    def replication_properties(self) -> dict[str, object]:
+        """Replication factors and minimum in-sync replicas: one copy of everything on one node."""
+        return {
+            "default.replication.factor": 1,
+            "min.insync.replicas": 1,
+            "offsets.topic.replication.factor": 1,
+            "transaction.state.log.replication.factor": 1,
+            "transaction.state.log.min.isr": 1,
+            "share.coordinator.state.topic.replication.factor": 1,
+            "share.coordinator.state.topic.min.isr": 1,
+        }
+
+    def format_flags(self) -> list[str]:
+        """How `kafka-storage format` sets up the quorum: a single-node dynamic quorum (needs
+        controller.quorum.bootstrap.servers)."""
+        return ["--standalone"]
+
+    def server_properties(self) -> str:
+        """The broker config. Sized for a 2-core box; quorum and replication from the methods above."""
+        props: dict[str, object] = {
+            **self.quorum_properties(),
             "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
             "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
             "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
@@ -104,20 +129,14 @@ class KafkaBroker:
             "controller.listener.names": "CONTROLLER",
             "log.dirs": self.data_dir,
             "num.partitions": 2,
-            "default.replication.factor": 1,
-            "min.insync.replicas": 1,
+            **self.replication_properties(),
             # Tests create topics implicitly; keep auto-creation on.
             "auto.create.topics.enable": "true",
             "delete.topic.enable": "true",
-            # Internal topics: single replica, and fewer partitions than the default 50 so the first
-            # consumer group / transaction / share group doesn't spend seconds creating them.
-            "offsets.topic.replication.factor": 1,
+            # Internal topics: fewer partitions than the default 50 so the first consumer group /
+            # transaction / share group doesn't spend seconds creating them.
             "offsets.topic.num.partitions": 8,
-            "transaction.state.log.replication.factor": 1,
-            "transaction.state.log.min.isr": 1,
             "transaction.state.log.num.partitions": 8,
-            "share.coordinator.state.topic.replication.factor": 1,
-            "share.coordinator.state.topic.min.isr": 1,
             "share.coordinator.state.topic.num.partitions": 4,
             # Consumers in tests should get their partitions immediately.
             "group.initial.rebalance.delay.ms": 0,
@@ -131,7 +150,8 @@ class KafkaBroker:
             "log.retention.hours": 24,
             "log.segment.bytes": 64 * 1024 * 1024,
         }
-        lines = ["# generated by infra/kafka_broker.py; edits are overwritten on start"]
+        source = type(self).__module__.replace(".", "/")
+        lines = [f"# generated by {source}.py; edits are overwritten on start"]
         lines += [f"{k}={v}" for k, v in props.items()]
         return "\n".join(lines) + "\n"
 
@@ -192,7 +212,7 @@ class KafkaBroker:
                 self._write_state(formatted_id)
             return formatted_id
 
-        cluster_id = str(state["cluster_id"]) if state and state.get("cluster_id") else new_cluster_id()
+        cluster_id = str(state["cluster_id"]) if state and state.get("cluster_id") else self.new_cluster_id()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         argv = [
             require_java(),
@@ -205,7 +225,7 @@ class KafkaBroker:
             cluster_id,
             "--config",
             str(self.config_path),
-            "--standalone",  # single-node dynamic quorum; requires controller.quorum.bootstrap.servers
+            *self.format_flags(),
         ]
         proc = subprocess.run(argv, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
@@ -215,6 +235,10 @@ class KafkaBroker:
             )
         self._write_state(cluster_id)
         return cluster_id
+
+    def new_cluster_id(self) -> str:
+        """The id to format empty storage with (a node of a cluster takes the cluster's)."""
+        return new_cluster_id()
 
     def _write_state(self, cluster_id: str) -> None:
         state = {"cluster_id": cluster_id, "controller_port": self.controller_port}
@@ -246,7 +270,7 @@ class KafkaBroker:
             "kafka.Kafka",
             str(self.config_path),
         ]
-        return procs.start_process(NAME, argv, self.run_dir, log_path=self.log_path, port=self.port)
+        return procs.start_process(self.name, argv, self.run_dir, log_path=self.log_path, port=self.port)
 
     def _admin(self) -> Any:
         from confluent_kafka.admin import AdminClient
@@ -299,4 +323,4 @@ class KafkaBroker:
 
     def stop(self, timeout_s: float = 20) -> bool:
         """SIGTERM (controlled shutdown), SIGKILL after timeout_s. True if it was running."""
-        return procs.stop_process(NAME, self.run_dir, timeout_s)
+        return procs.stop_process(self.name, self.run_dir, timeout_s)

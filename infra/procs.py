@@ -22,8 +22,10 @@ from infra.errors import InfraError
 from infra.paths import ROOT, logs_dir, pids_dir
 
 # Infrastructure processes are stopped last, in this order, after every other pid file (the services).
-# Zipkin goes first among them, after the services have flushed their last spans to it.
-INFRA_STOP_ORDER = ("zipkin", "redis", "kafka")
+# Spark's workers and master go once the processors (their applications) are gone; Zipkin after the
+# services have flushed their last spans to it; Kafka last. A group is a name and its numbered
+# replicas (``kafka`` and ``kafka-1``, ``kafka-2``...), stopped together.
+INFRA_STOP_ORDER = ("spark-worker", "spark-master", "zipkin", "redis", "kafka")
 
 # Popen objects of children started by this Python process. Keeping them referenced lets us reap them
 # (no zombies that would look alive) and avoids "subprocess is still running" ResourceWarnings.
@@ -227,15 +229,42 @@ def stop_process(name: str, run_dir: Path, timeout_s: float = 20) -> bool:
     return True
 
 
+def stop_many(names: Sequence[str], run_dir: Path, timeout_s: float = 20) -> list[str]:
+    """Like stop_process for several processes at once: SIGTERM to all, then wait for each (SIGKILL
+    after timeout_s). For peers whose shutdown needs each other, such as the nodes of a Kafka quorum.
+    Returns the names that were running."""
+    running = set()
+    if len(names) > 1:
+        for name in names:
+            pid = pid_of(name, run_dir)
+            if pid is not None:
+                _signal_group(pid, signal.SIGTERM)
+                running.add(name)
+    # Each then waited for (and SIGKILLed if need be) as on its own; the SIGTERM again is harmless.
+    return [n for n in names if stop_process(n, run_dir, timeout_s) or n in running]
+
+
+def infra_group(name: str) -> str | None:
+    """The INFRA_STOP_ORDER group ``name`` belongs to (``kafka-2`` -> ``kafka``), None for a service."""
+    for group in INFRA_STOP_ORDER:
+        if name == group or (name.startswith(f"{group}-") and name[len(group) + 1 :].isdigit()):
+            return group
+    return None
+
+
 def stop_all(run_dir: Path, timeout_s: float = 20) -> list[str]:
-    """Stop every process with a pid file in run_dir: services first, then Redis, Kafka last.
+    """Stop every process with a pid file in run_dir: services first (one by one), then the
+    infrastructure groups in INFRA_STOP_ORDER (each group at once), Kafka last.
 
     Returns the names that were actually running.
     """
     names = known_names(run_dir)
-    infra_last = [n for n in INFRA_STOP_ORDER if n in names]
-    ordered = [n for n in names if n not in INFRA_STOP_ORDER] + infra_last
-    return [n for n in ordered if stop_process(n, run_dir, timeout_s)]
+    stopped = [n for n in names if infra_group(n) is None and stop_process(n, run_dir, timeout_s)]
+    for group in INFRA_STOP_ORDER:
+        members = [n for n in names if infra_group(n) == group]
+        if members:
+            stopped += stop_many(members, run_dir, timeout_s)
+    return stopped
 
 
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
@@ -308,7 +337,7 @@ def wait_for(
     raise InfraError(msg)
 
 
-def _children_of(pid: int) -> list[int]:
+def children_of(pid: int) -> list[int]:
     kids = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -332,5 +361,5 @@ def rss_mb(pid: int, include_children: bool = True) -> float:
                 total_kb += int(line.split()[1])
                 break
         if include_children:
-            todo.extend(_children_of(current))
+            todo.extend(children_of(current))
     return total_kb / 1024

@@ -49,10 +49,13 @@ class StackConfig:
     # A bearer token with read and write scopes for the control API; empty: no tokens, so control
     # refuses every write and serves reads openly (its secure default).
     control_token: str = ""
+    # The bootstrap list when Kafka is a cluster of its own (infra/cluster.py); empty: the stack's one
+    # broker on kafka_port.
+    kafka_bootstrap: str = ""
 
     @property
     def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.kafka_port}"
+        return self.kafka_bootstrap or f"127.0.0.1:{self.kafka_port}"
 
     @property
     def redis_url(self) -> str:
@@ -171,7 +174,11 @@ def service_env(cfg: StackConfig) -> dict[str, str]:
     }
 
 
-def start_service(cfg: StackConfig, name: str, extra_env: dict[str, str] | None = None) -> int:
+def start_service(
+    cfg: StackConfig, name: str, extra_env: dict[str, str] | None = None, *, process: str = ""
+) -> int:
+    """Start service ``name`` as a process; ``process`` names its pid file and log when it is one
+    of several replicas (``ingest-2``), default the service's name."""
     if name not in SERVICES:
         raise InfraError(f"unknown service {name!r}; the services are {', '.join(SERVICES)}")
     # Each service connects to Redis as its own user, or with no credentials when it needs none.
@@ -182,7 +189,7 @@ def start_service(cfg: StackConfig, name: str, extra_env: dict[str, str] | None 
     env = {**service_env(cfg), "SF_REDIS_URL": redis_url, **(extra_env or {})}
     ensure_pki(cfg.pki_dir)  # certificates that are missing or about to expire; the rest stay
     return procs.start_process(
-        name, [sys.executable, "-m", f"services.{name}"], cfg.run_dir, env=env, cwd=ROOT
+        process or name, [sys.executable, "-m", f"services.{name}"], cfg.run_dir, env=env, cwd=ROOT
     )
 
 
@@ -197,19 +204,24 @@ def _port_of(cfg: StackConfig, name: str) -> int:
 
 def wait_service_ready(cfg: StackConfig, name: str, timeout_s: float = 120) -> None:
     """A service is up once its HTTP port answers (control: /readyz says ready)."""
-    log = cfg.run_dir / "logs" / f"{name}.log"
     url = (
         f"{cfg.control_url}/readyz"
         if name == "control"
         else f"http://127.0.0.1:{_port_of(cfg, name)}/metrics"
     )
+    wait_process_ready(cfg, name, url, timeout_s)
+
+
+def wait_process_ready(cfg: StackConfig, process: str, url: str, timeout_s: float = 120) -> None:
+    """Block until ``url`` answers 200; InfraError (with the log's tail) if ``process`` exits first."""
+    log = procs.log_file(process, cfg.run_dir)
 
     def ready() -> bool:
-        if not procs.is_running(name, cfg.run_dir):
-            raise InfraError(f"{name} exited during start-up; see {log}:\n{_tail(log)}")
+        if not procs.is_running(process, cfg.run_dir):
+            raise InfraError(f"{process} exited during start-up; see {log}:\n{_tail(log)}")
         return _http_ok(url)
 
-    procs.wait_for(ready, timeout_s, f"{name} to be ready", log_path=log)
+    procs.wait_for(ready, timeout_s, f"{process} to be ready", log_path=log)
 
 
 def start_services(

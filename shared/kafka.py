@@ -21,11 +21,16 @@ def admin(bootstrap: str) -> AdminClient:
 
 
 def ensure_topics(bootstrap: str, topics: Iterable[str], partitions: int, timeout_s: float = 30.0) -> None:
-    """Create the topics that do not exist yet; an existing topic is left as it is."""
+    """Create the topics that do not exist yet; an existing topic is left as it is.
+
+    Replication factor and min.insync.replicas are the cluster's defaults (``default.replication.factor``,
+    ``min.insync.replicas``): 1 on a single broker, 3 and 2 on infra/cluster.py's three-node cluster.
+    """
     client = admin(bootstrap)
     wanted = sorted(set(topics))
     existing = set(client.list_topics(timeout=timeout_s).topics)
-    new = [NewTopic(t, num_partitions=partitions, replication_factor=1) for t in wanted if t not in existing]
+    # -1: the broker's default.replication.factor (KIP-464).
+    new = [NewTopic(t, num_partitions=partitions, replication_factor=-1) for t in wanted if t not in existing]
     if not new:
         return
     for topic, fut in client.create_topics(new, operation_timeout=timeout_s).items():

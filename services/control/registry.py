@@ -63,6 +63,12 @@ class Registry:
         )
         if previous is not None and previous.target != record.target:
             self.ctx.peers.forget(previous.target)
+        if previous is None or previous.health != "alive":
+            # A new process at this address (a restarted replica registers under a new id) gets a
+            # fresh channel: the cached one, to the process that died there, sits in gRPC's
+            # reconnect backoff (growing to 120 s) and fails every call at once until it ends. Seen
+            # in tests/cluster: a restarted ingest replica got its streams 71 s after registering.
+            self.ctx.peers.forget(record.target)
         self.ctx.instances.put(record)
         again = "" if previous is None else f" again (was {previous.health})"
         log.info("%s %s registered%s at %s", record.service, record.instance_id, again, record.target)

@@ -89,6 +89,13 @@ class JobInput:
     kind: str
     records: list[bytes] = field(default_factory=list)  # in production order (one partition)
     bad: Counter[int] = field(default_factory=Counter)  # bad kind -> records sent
+    bad_at: dict[int, int] = field(default_factory=dict)  # index in records -> its bad kind
+
+    def truncate(self, sent: int) -> None:
+        """Keep the first ``sent`` records: a load stopped early is judged on what it sent."""
+        self.records = self.records[:sent]
+        self.bad_at = {i: kind for i, kind in self.bad_at.items() if i < sent}
+        self.bad = Counter(self.bad_at.values())
 
 
 def make_input(job_id: str, kind: str, events: int, rng: random.Random) -> JobInput:
@@ -98,6 +105,7 @@ def make_input(job_id: str, kind: str, events: int, rng: random.Random) -> JobIn
         ts = BASE_MS + i * STEP_MS + rng.randint(-DISORDER_MS, DISORDER_MS)
         if r < BAD_SHARE:
             which = i % BAD_KINDS
+            data.bad_at[len(data.records)] = which
             data.records.append(_bad_records(i, ts)[which])
             data.bad[which] += 1
             continue
@@ -225,6 +233,8 @@ class Fault:
     at_s: float  # since the load started
     recovered_s: float | None = None  # until the component answered again
     error: str = ""
+    # Further timings (seconds) and facts a fault reports, e.g. when results flowed again.
+    measured: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -236,6 +246,10 @@ class Plan:
     restart_broker: bool
     restart_redis: bool
     seed: int = 11
+    # None: the load is events_per_job per job at ``rate``, and the faults are spread over it. A number:
+    # the load runs until the faults are done and this many seconds more (events_per_job is then a
+    # ceiling), so every fault and its recovery happen under load however long they take.
+    load_after_faults_s: float | None = None
 
 
 class Faults(threading.Thread):
@@ -263,27 +277,34 @@ class Faults(threading.Thread):
         self.gap_s = duration_s / (len(actions) + 1)
         self.done: list[Fault] = []
         self.started = time.monotonic()
+        self.finished_at: float | None = None  # when the last fault was over
 
     def run(self) -> None:
+        try:
+            self._run()
+        finally:
+            self.finished_at = time.monotonic()
+
+    def _run(self) -> None:
         for action in self.actions:
             time.sleep(self.gap_s)
             fault = Fault(action, round(time.monotonic() - self.started, 1))
             began = time.monotonic()
             try:
-                self._inject(action)
+                fault.measured = self._inject(action) or {}
                 fault.recovered_s = round(time.monotonic() - began, 1)
             except Exception as e:  # recorded: the verdict fails on it
                 fault.error = f"{type(e).__name__}: {e}"
             self.done.append(fault)
 
-    def _inject(self, action: str) -> None:
+    def _inject(self, action: str) -> dict[str, Any] | None:
         cfg = self.cfg
         if action in ("broker", "redis"):
             server = broker(cfg) if action == "broker" else redis_server(cfg)
             server.stop()
             server.start()
             server.wait_ready(120)
-            return
+            return None
         service = action.removeprefix("savepoint+")
         job = self.job_ids[0]
         if action.startswith("savepoint+"):
@@ -297,6 +318,7 @@ class Faults(threading.Thread):
         wait_service_ready(cfg, service, timeout_s=240)
         if action.startswith("savepoint+"):
             self._carry_on(job)
+        return None
 
     def _carry_on(self, job_id: str) -> None:
         """After a kill during a stop-with-savepoint, as a user would: resume from the savepoint if it
@@ -345,14 +367,24 @@ class VersionWatch(threading.Thread):
             self.reads += 1
 
 
-def produce_paced(cfg: StackConfig, inputs: list[JobInput], rate: int, stop: Callable[[], bool]) -> None:
+def produce_paced(
+    cfg: StackConfig,
+    inputs: list[JobInput],
+    rate: int,
+    stop: Callable[[], bool],
+    until: Callable[[], bool] | None = None,
+) -> None:
+    """Send every input's records at ``rate`` (or, once ``until()`` holds, stop early and truncate
+    each input to what it sent), then a closer per input."""
     producer = Producer({"bootstrap.servers": cfg.bootstrap, "enable.idempotence": True, "linger.ms": 5})
-    total = sum(len(d.records) for d in inputs)
     order = [(d, r) for d in inputs for r in range(len(d.records))]
     order.sort(key=lambda p: p[1] / len(p[0].records))  # the three jobs advance together
     started = time.monotonic()
+    sent = dict.fromkeys((d.job_id for d in inputs), 0)
     for n, (data, i) in enumerate(order):
         if n % 500 == 0:
+            if until is not None and until():
+                break
             ahead = n / rate - (time.monotonic() - started)
             if ahead > 0:
                 time.sleep(ahead)
@@ -363,6 +395,10 @@ def produce_paced(cfg: StackConfig, inputs: list[JobInput], rate: int, stop: Cal
                 break
             except BufferError:
                 producer.poll(0.1)
+        sent[data.job_id] = i + 1  # each input's records go out in their order: a prefix was sent
+    for data in inputs:
+        data.truncate(sent[data.job_id])
+    total = sum(len(d.records) for d in inputs)
     while producer.flush(30) > 0 and not stop():
         pass
     assert producer.flush(60) == 0, f"not every one of {total} records reached Kafka"
@@ -433,10 +469,19 @@ def judge(
     )
 
 
+FaultsFactory = Callable[[StackConfig, Control, Plan, dict[str, dict[str, Any]], float], Faults]
+
+
 def run(
-    cfg: StackConfig, plan: Plan, log: Callable[[str], None] = print, settle_s: float = 300
+    cfg: StackConfig,
+    plan: Plan,
+    log: Callable[[str], None] = print,
+    settle_s: float = 300,
+    faults_factory: FaultsFactory = Faults,
 ) -> dict[str, Any]:
-    """One chaos run on the running stack ``cfg``: the report (``verdict`` says whether it passed)."""
+    """One chaos run on the running stack ``cfg``: the report (``verdict`` says whether it passed).
+
+    ``faults_factory`` makes the thread that injects the faults (tests/cluster has its own)."""
     rng = random.Random(plan.seed)
     run_id = uuid.uuid4().hex[:6]
     inputs = [make_input(f"chaos-{kind}-{run_id}", kind, plan.events_per_job, rng) for kind in JOBS]
@@ -445,14 +490,25 @@ def run(
         for data in inputs:
             ensure_topics(cfg.bootstrap, [data.job_id, f"{data.job_id}.valid"], partitions=1)
             control.submit(specs[data.job_id])
-        log(f"3 jobs running; sending {sum(len(d.records) for d in inputs):,} records at {plan.rate:,}/s")
+        ceiling = " at most" if plan.load_after_faults_s is not None else ""
+        records = sum(len(d.records) for d in inputs)
+        log(f"3 jobs running; sending{ceiling} {records:,} records at {plan.rate:,}/s")
         duration_s = sum(len(d.records) for d in inputs) / plan.rate
-        faults = Faults(cfg, control, plan, specs, duration_s)
+        faults = faults_factory(cfg, control, plan, specs, duration_s)
         started = time.monotonic()
         watch = VersionWatch(redis.Redis.from_url(cfg.redis_url), list(specs))
         watch.start()
         faults.start()
-        produce_paced(cfg, inputs, plan.rate, stop=lambda: False)
+        tail_s = plan.load_after_faults_s
+
+        def faults_over() -> bool:
+            over = faults.finished_at
+            return over is not None and tail_s is not None and time.monotonic() - over > tail_s
+
+        produce_paced(
+            cfg, inputs, plan.rate, stop=lambda: False, until=faults_over if tail_s is not None else None
+        )
+        load_s = time.monotonic() - started  # the last record (and the closers) acknowledged
         faults.join()
         log(
             f"load and {len(faults.done)} faults done in {time.monotonic() - started:.0f} s; "
@@ -472,4 +528,5 @@ def run(
         "version_reads": watch.reads,
         "version_regressions": watch.regressions[:20],
         "seconds": round(time.monotonic() - started, 1),
+        "load_seconds": round(load_s, 1),
     }

@@ -73,12 +73,12 @@ class FakeInstance:
 
     service = "ingest"
 
-    def __init__(self, control_target: str, instance_id: str | None = None) -> None:
+    def __init__(self, control_target: str, instance_id: str | None = None, port: int = 0) -> None:
         self.server: Any = grpc.server(ThreadPoolExecutor(max_workers=4))
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.add_servicers()
-        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.port = self.server.add_insecure_port(f"127.0.0.1:{port}")
         self.control_target = control_target
         self.instance_id = instance_id or f"fake-{self.service}-{self.port}"
         self.registration: Registration | None = None
@@ -229,11 +229,19 @@ class FakeProcessor(FakeInstance, pb_grpc.JobCommandsServicer):
 class FakeStreamConsumer(FakeInstance, pb_grpc.StreamConfigServicer):
     """An ingest or sink instance that records the specs control pushes to it."""
 
-    def __init__(self, control_target: str, service: str = "ingest", implemented: bool = True) -> None:
+    def __init__(
+        self,
+        control_target: str,
+        service: str = "ingest",
+        implemented: bool = True,
+        *,
+        instance_id: str | None = None,
+        port: int = 0,
+    ) -> None:
         self.service = service
         self.implemented = implemented
         self.applied: list[list[str]] = []
-        super().__init__(control_target)
+        super().__init__(control_target, instance_id, port)
 
     def add_servicers(self) -> None:
         if self.implemented:

@@ -286,6 +286,28 @@ def test_specs_of_active_jobs_are_pushed_to_ingest_and_sink(
     assert old is not None and old.health == "alive" and "UNIMPLEMENTED" in old.streams_error
 
 
+def test_a_replica_restarted_at_the_same_address_gets_a_fresh_channel_and_its_streams(
+    plane: ControlPlane, instances: list[FakeInstance]
+) -> None:
+    first: FakeStreamConsumer = start(FakeStreamConsumer(plane.grpc_target, "ingest"), instances)
+    wait_until(lambda: first.applied, what="the first push")
+    target = f"127.0.0.1:{first.port}"
+    dead_channel = plane.peers.channel(target)
+    first.crash()  # SIGKILL: the channel to it now fails, and gRPC backs off reconnecting
+    with pytest.raises(grpc.RpcError):
+        health_pb2_grpc.HealthStub(dead_channel).Check(health_pb2.HealthCheckRequest(), timeout=1)
+
+    # The restarted replica: same address, a new process (a new instance id).
+    second: FakeStreamConsumer = start(
+        FakeStreamConsumer(
+            plane.grpc_target, "ingest", instance_id=f"{first.instance_id}-2", port=first.port
+        ),
+        instances,
+    )
+    assert plane.peers.channel(target) is not dead_channel
+    wait_until(lambda: second.applied, timeout_s=5, what="the restarted replica to get its streams")
+
+
 def test_control_restarts_on_its_own_state(
     control_redis_url: str, instances: list[FakeInstance], unique: str
 ) -> None:

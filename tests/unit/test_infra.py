@@ -291,6 +291,40 @@ def test_stop_all_stops_services_before_redis_and_kafka(
     assert order == ["ingest", "processor", "redis", "kafka"]
 
 
+def test_stop_all_stops_the_cluster_services_then_spark_then_kafka_nodes_together(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    names = ["kafka-1", "kafka-2", "kafka-3", "redis", "spark-master", "spark-worker-1", "spark-worker-2"]
+    names += ["control", "ingest-1", "processor-2", "sink-1"]
+    procs.pids_dir(tmp_path).mkdir(parents=True)
+    for name in names:
+        procs.pid_file(name, tmp_path).write_text("1\n")
+    order: list[str] = []
+    signalled: list[int] = []
+
+    def fake_stop(name: str, run_dir: Path, timeout_s: float = 20) -> bool:
+        order.append(name)
+        return True
+
+    monkeypatch.setattr(procs, "stop_process", fake_stop)
+    monkeypatch.setattr(procs, "_signal_group", lambda pid, sig: signalled.append(pid))
+    stopped = procs.stop_all(tmp_path)
+    assert stopped == order
+    assert order == [
+        *("control", "ingest-1", "processor-2", "sink-1"),
+        *("spark-worker-1", "spark-worker-2", "spark-master", "redis", "kafka-1", "kafka-2", "kafka-3"),
+    ]
+    # The two workers and the three Kafka nodes got their SIGTERM together, before any was waited for.
+    assert len(signalled) == 5
+    assert [procs.infra_group(n) for n in ("kafka", "kafka-12", "kafka-x", "spark-workers", "ingest-1")] == [
+        "kafka",
+        "kafka",
+        None,
+        None,
+        None,
+    ]
+
+
 def test_port_in_use() -> None:
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
