@@ -22,6 +22,7 @@ from services.processor.errors import (
     SavepointError,
 )
 from services.processor.jobs import JobManager, JobView
+from services.processor.leases import CheckpointBusyError
 from shared.errors import SpecError
 from shared.grpc_server import GrpcServices
 from shared.jobspec import JobSpec, spec_from_json, with_id
@@ -77,7 +78,7 @@ def _abort(context: grpc.ServicerContext, e: Exception) -> NoReturn:
     if isinstance(e, JobStateError):
         code = grpc.StatusCode.ALREADY_EXISTS if "already" in str(e) else grpc.StatusCode.FAILED_PRECONDITION
         context.abort(code, str(e))
-    if isinstance(e, SavepointError):
+    if isinstance(e, SavepointError | CheckpointBusyError):
         context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
     if isinstance(e, PathRefusedError):
         context.abort(grpc.StatusCode.PERMISSION_DENIED, str(e))

@@ -35,6 +35,7 @@ from services.processor.errors import (
     ProcessorError,
     SavepointError,
 )
+from services.processor.leases import CheckpointBusyError, CheckpointLease
 from services.processor.metrics import JOB_RESTARTS, JobMetricsListener, JobTotals
 from services.processor.query import REAL_TIME_SHUFFLE_PARTITIONS, Plan, build_plan, start_query
 from services.processor.settings import ProcessorSettings
@@ -105,6 +106,8 @@ class JobManager:
         self.listener = listener
         self.store = JobStore(settings.jobs_path)
         self._jobs: dict[str, Job] = {}
+        # One writer per checkpoint across processors that share them (services/processor/leases.py).
+        self._leases: dict[str, CheckpointLease] = {}
         self._table_lock = threading.Lock()  # guards _jobs; held only briefly
         self._command_lock = threading.RLock()  # one start/stop/restart at a time
 
@@ -212,6 +215,7 @@ class JobManager:
             ensure_topics(self.settings.kafka_bootstrap, topics, self.settings.topic_partitions)
             if spec.trigger_mode == "real_time":
                 self._check_task_slots(spec)
+            self._lease(spec.id).acquire()
             query = start_query(
                 self.spark,
                 spec,
@@ -221,14 +225,29 @@ class JobManager:
                 epoch=job.epoch,
                 plan=plan or self.plan(spec),
             )
+        except CheckpointBusyError as e:  # another processor runs it (control sorts out which)
+            self._set(job, state=JobState.FAILED, message=_first_line(e))
+            raise CheckpointBusyError(f"job {spec.id} did not start: {e}") from None
         except (SpecError, ProcessorError):
+            self._release(spec.id)
             self._set(job, state=JobState.FAILED, message="the spec no longer starts")
             raise
         except Exception as e:  # Spark or Kafka refused: the job fails, the service does not
+            self._release(spec.id)
             self._set(job, state=JobState.FAILED, message=_first_line(e))
             raise ProcessorError(f"job {spec.id} did not start: {_first_line(e)}") from e
         self._set(job, query=query, state=JobState.RUNNING, message="", running_since=time.monotonic())
         log.info("job %s running (epoch %d, checkpoint %s)", spec.id, job.epoch, self.checkpoint_dir(spec.id))
+
+    def _lease(self, job_id: str) -> CheckpointLease:
+        with self._table_lock:
+            return self._leases.setdefault(job_id, CheckpointLease(self.checkpoint_dir(job_id)))
+
+    def _release(self, job_id: str) -> None:
+        with self._table_lock:
+            lease = self._leases.pop(job_id, None)
+        if lease is not None:
+            lease.release()
 
     def _slots_needed(self, spec: JobSpec) -> int:
         """Task slots a real-time query holds for as long as it runs: a task per source partition,
@@ -306,6 +325,7 @@ class JobManager:
         except Exception as e:  # a query that failed while stopping is stopped all the same
             log.warning("job %s: stopping its query: %s", job.spec.id, _first_line(e))
         self._set(job, query=None)
+        self._release(job.spec.id)  # stopped: no longer writing its checkpoint
 
     # --- supervision ------------------------------------------------------------------------------
     def record_crash(self) -> Sequence[str]:
@@ -346,6 +366,7 @@ class JobManager:
                 error = query.exception()
                 if error is None:  # stopped behind our back
                     self._set(job, state=JobState.CANCELED, query=None, message="query stopped")
+                    self._release(job.spec.id)
                     continue
                 failures = job.failures + 1
                 if now - job.running_since > s.job_failure_reset_s:
@@ -354,6 +375,7 @@ class JobManager:
                 log.error("job %s failed (%d): %s", job.spec.id, failures, message)
                 if failures > s.job_restart_attempts:
                     self._set(job, state=JobState.FAILED, query=None, failures=failures, message=message)
+                    self._release(job.spec.id)  # given up here: another processor may take it
                     continue
                 delay = s.job_restart_backoff_ms / 1000 * 2 ** (failures - 1)
                 self._set(job, state=JobState.FAILING, query=None, failures=failures, message=message)

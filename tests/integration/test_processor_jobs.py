@@ -23,6 +23,7 @@ from pyspark.sql import SparkSession
 from infra.datagen import oracle_window_counts
 from services.processor.grpc_server import grpc_services
 from services.processor.jobs import JobManager
+from services.processor.leases import CheckpointBusyError, CheckpointLease
 from services.processor.metrics import JobMetricsListener
 from services.processor.savepoints import load as load_savepoint
 from services.processor.settings import ProcessorSettings
@@ -268,3 +269,35 @@ def test_a_failed_stop_with_savepoint_leaves_the_job_running(
     send(kafka_bootstrap, unique, events("/a", BASE + 1, 5))
     catch_up(manager, unique)
     assert counts(newest(kafka_bootstrap, f"{unique}.out", unique)) == {("/a", BASE): 15}
+
+
+def test_a_checkpoint_another_query_holds_is_not_started_here(
+    processor: tuple[JobManager, pb_grpc.JobCommandsStub, grpc.Channel],
+    kafka_bootstrap: str,
+    unique: str,
+) -> None:
+    """Two processors sharing checkpoints: a job whose checkpoint lease is held elsewhere (here: by the
+    test) is refused with who holds it; once released it starts, and its stop releases it again."""
+    manager, stub, _ = processor
+    ensure_topics(kafka_bootstrap, [f"{unique}.valid", f"{unique}.out"], partitions=1)
+    send(kafka_bootstrap, unique, events("/a", BASE, 10))
+    elsewhere = CheckpointLease(manager.checkpoint_dir(unique))
+    elsewhere.acquire()
+    try:
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.StartJob(pb.StartJobRequest(spec_json=spec_json(unique, unique)), timeout=60)
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "in use by another query" in (refused.value.details() or ""), refused.value.details()
+        assert manager.query(unique) is None
+        assert stub.GetStatus(pb.JobRef(job_id=unique), timeout=10).state == pb.JOB_STATE_FAILED
+    finally:
+        elsewhere.release()
+    started = stub.StartJob(pb.StartJobRequest(spec_json=spec_json(unique, unique)), timeout=60)
+    assert started.state == pb.JOB_STATE_RUNNING
+    catch_up(manager, unique)
+    assert counts(newest(kafka_bootstrap, f"{unique}.out", unique)) == {("/a", BASE): 10}
+    with pytest.raises(CheckpointBusyError):  # the running query holds it
+        elsewhere.acquire()
+    stub.StopJob(pb.StopJobRequest(job_id=unique), timeout=60)
+    elsewhere.acquire()  # stopped: free again
+    elsewhere.release()
