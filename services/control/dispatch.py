@@ -155,12 +155,15 @@ class Dispatcher:
             state = JobState.from_proto(status.state)
             where = f"processor {processor.instance_id}"
             if state == JobState.RUNNING:
+                # The reports' grace runs from this answer, not from the placement: a start that took
+                # longer than the grace must not make a report built before it look settled.
                 self.transitions.move(
                     job_id,
                     JobState.RUNNING,
                     f"running on {where}",
                     only_from={placed.state},
                     needs_start=False,
+                    placed_at_ms=self.ctx.clock(),
                 )
             elif state in (JobState.FAILED, JobState.FAILING):
                 self.transitions.move(

@@ -177,7 +177,10 @@ class Registry:
                     job.id, JobState.RUNNING, f"running on {who}", only_from={job.state}, needs_start=False
                 )
             return
-        if not settled:
+        if not settled or state == JobState.CREATED:
+            # CREATED: the processor is still starting the query (StartJob returns once it runs; a
+            # heartbeat built during the start may arrive after that answer). A start that fails ends
+            # FAILED or FAILING, which the branches below follow.
             return
         reason = status.message or "no reason given"
         if job.state == JobState.CANCELLING and state in (

@@ -2,7 +2,8 @@
 
 Errors map to status codes control acts on: a bad spec is INVALID_ARGUMENT, a job already running is
 ALREADY_EXISTS, an unknown job NOT_FOUND, a savepoint that cannot be read or taken FAILED_PRECONDITION
-(after a failed stop-with-savepoint the job keeps running), anything else INTERNAL.
+(after a failed stop-with-savepoint the job keeps running), a checkpoint another processor's query still
+holds ABORTED (retry once that copy stops), anything else INTERNAL.
 """
 
 from __future__ import annotations
@@ -78,7 +79,10 @@ def _abort(context: grpc.ServicerContext, e: Exception) -> NoReturn:
     if isinstance(e, JobStateError):
         code = grpc.StatusCode.ALREADY_EXISTS if "already" in str(e) else grpc.StatusCode.FAILED_PRECONDITION
         context.abort(code, str(e))
-    if isinstance(e, SavepointError | CheckpointBusyError):
+    if isinstance(e, CheckpointBusyError):
+        # Another processor still runs the job (control is stopping that copy): worth a retry.
+        context.abort(grpc.StatusCode.ABORTED, str(e))
+    if isinstance(e, SavepointError):
         context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
     if isinstance(e, PathRefusedError):
         context.abort(grpc.StatusCode.PERMISSION_DENIED, str(e))

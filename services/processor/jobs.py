@@ -148,6 +148,11 @@ class JobManager:
                 setattr(job, name, value)
             self._jobs[job.spec.id] = job
 
+    def _forget(self, job: Job) -> None:
+        with self._table_lock:
+            if self._jobs.get(job.spec.id) is job:
+                del self._jobs[job.spec.id]
+
     def check_savepoint_path(self, path: str, what: str) -> None:
         """A savepoint path a command names must lie under the allowed roots (links followed)."""
         roots = self.settings.allowed_savepoint_roots()
@@ -226,7 +231,7 @@ class JobManager:
                 plan=plan or self.plan(spec),
             )
         except CheckpointBusyError as e:  # another processor runs it (control sorts out which)
-            self._set(job, state=JobState.FAILED, message=_first_line(e))
+            self._forget(job)  # never ran here: nothing to report in heartbeats
             raise CheckpointBusyError(f"job {spec.id} did not start: {e}") from None
         except (SpecError, ProcessorError):
             self._release(spec.id)

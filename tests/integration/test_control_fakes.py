@@ -133,6 +133,10 @@ class FakeProcessor(FakeInstance, pb_grpc.JobCommandsServicer):
         self.stops: list[pb.StopJobRequest] = []
         self.reject_with = ""  # StartJob answers INVALID_ARGUMENT with this message
         self.unavailable = False  # StartJob / StopJob answer UNAVAILABLE
+        self.busy = ""  # StartJob answers ABORTED with this message (a checkpoint held elsewhere)
+        self.start_s = 0.0  # StartJob takes this long, the job reported CREATED meanwhile
+        self.lagging_reports_s = 0.0  # ...and this long after it answered (heartbeats built before)
+        self.starting: dict[str, float] = {}  # job -> until when heartbeats report it CREATED
         self.failed: dict[str, str] = {}  # job -> message: reported FAILED in heartbeats
         self.restarting: dict[str, str] = {}  # job -> message: reported FAILING (restarting itself)
         self.batch_id = 0
@@ -145,6 +149,8 @@ class FakeProcessor(FakeInstance, pb_grpc.JobCommandsServicer):
     def jobs(self) -> list[pb.JobStatus]:
         with self._lock:
             self.batch_id += 1
+            now = time.monotonic()
+            starting = {j for j, until in self.starting.items() if now < until}
             out = [
                 pb.JobStatus(
                     job_id=job_id,
@@ -152,7 +158,9 @@ class FakeProcessor(FakeInstance, pb_grpc.JobCommandsServicer):
                     metrics=pb.JobMetrics(batch_id=self.batch_id, input_rows_per_second=12.5, state_rows=7),
                 )
                 for job_id in self.running
+                if job_id not in starting
             ]
+            out += [pb.JobStatus(job_id=j, state=pb.JOB_STATE_CREATED) for j in starting]
             out += [
                 pb.JobStatus(job_id=j, state=pb.JOB_STATE_FAILED, message=m) for j, m in self.failed.items()
             ]
@@ -192,6 +200,14 @@ class FakeProcessor(FakeInstance, pb_grpc.JobCommandsServicer):
             context.abort(grpc.StatusCode.UNAVAILABLE, "processor is busy")
         if self.reject_with:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, self.reject_with)
+        if self.busy:
+            context.abort(grpc.StatusCode.ABORTED, self.busy)
+        if self.start_s:
+            with self._lock:
+                self.starting[request.job_id] = float("inf")
+            time.sleep(self.start_s)
+            with self._lock:
+                self.starting[request.job_id] = time.monotonic() + self.lagging_reports_s
         with self._lock:
             if request.job_id in self.running or request.job_id in self.restarting:
                 # As the real processor: an active job is not started twice.

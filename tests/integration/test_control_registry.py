@@ -263,6 +263,40 @@ def test_start_retries_while_the_processor_is_unavailable(
     wait_until(lambda: state(plane, unique) == JobState.RUNNING, what="RUNNING once it answers")
 
 
+def test_a_slow_start_is_not_restarted_for_the_reports_built_while_it_ran(
+    plane: ControlPlane, instances: list[FakeInstance], unique: str
+) -> None:
+    """The real processor answers StartJob once the query runs, reporting the job CREATED until then;
+    a heartbeat built during the start can arrive after the answer. Seen in the cluster fault test: a
+    3 s start, then a report of CREATED made control restart the job and place it elsewhere."""
+    grace_s = plane.settings.report_grace_ms() / 1000
+    p: FakeProcessor = start(FakeProcessor(plane.grpc_target), instances)
+    p.start_s, p.lagging_reports_s = 4 * grace_s, 4 * grace_s
+    job = plane.manager.submit(job_spec(unique), wait_s=5)
+    assert job.state == JobState.RUNNING
+    assert unique in p.starting  # reported CREATED from now on for a while
+    time.sleep(6 * grace_s)  # the lagging reports came and went
+    job = plane.jobs.get(unique)
+    assert job is not None and job.state == JobState.RUNNING, job.message
+    assert [t.state for t in job.history] == [JobState.CREATED, JobState.RUNNING]
+    assert len(p.starts) == 1 and not p.stops
+
+
+def test_a_checkpoint_still_held_elsewhere_is_retried_not_failed(
+    plane: ControlPlane, instances: list[FakeInstance], unique: str
+) -> None:
+    """ABORTED (the job's checkpoint lease is held by a copy control is stopping): a retry, not FAILED."""
+    p: FakeProcessor = start(FakeProcessor(plane.grpc_target), instances)
+    p.busy = f"job {unique} did not start: its checkpoint is in use by another query (pid 1 on vm)"
+    job = plane.manager.submit(job_spec(unique), wait_s=5)
+    assert job.state == JobState.CREATED
+    assert "will retry" in job.message and "in use by another query" in job.message
+    wait_until(lambda: len(p.starts) >= 3, what="retries")
+    assert state(plane, unique) == JobState.CREATED
+    p.busy = ""  # the other copy stopped
+    wait_until(lambda: state(plane, unique) == JobState.RUNNING, what="RUNNING once the lease is free")
+
+
 def test_specs_of_active_jobs_are_pushed_to_ingest_and_sink(
     plane: ControlPlane, instances: list[FakeInstance], unique: str
 ) -> None:
