@@ -38,7 +38,7 @@ from opentelemetry import trace
 from services.ingest.deadletters import RECORD_OVERHEAD, fit, headers_size, too_large
 from services.ingest.errors import FatalKafkaError, IngestError, StreamConfigError
 from services.ingest.isolation import RECORD_ERRORS, Isolation
-from services.ingest.metrics import WATERMARK_MS
+from services.ingest.metrics import TRANSACTION_RECORDS, TRANSACTION_SECONDS, WATERMARK_MS
 from services.ingest.progress import GroupProgress
 from services.ingest.settings import IngestSettings
 from services.ingest.streams import StreamDefinition, merge_streams
@@ -453,6 +453,7 @@ class Ingest:
         }
         produce = self._produce
         self._delivery_errors.clear()
+        began = time.perf_counter()
         producer.begin_transaction()
         forwarded: Tally[str] = Tally()
         late: Tally[str] = Tally()
@@ -534,6 +535,8 @@ class Ingest:
             )
         )
         _retrying(lambda: producer.commit_transaction(KAFKA_TIMEOUT_S))
+        TRANSACTION_SECONDS.observe(time.perf_counter() - began)
+        TRANSACTION_RECORDS.observe(len(records))
         if isolation.chunk is not None or isolation.culprits:
             isolation.committed(ends)
         # Counted once committed: an aborted batch is read again and would count twice.

@@ -87,12 +87,20 @@ def test_forwards_good_records_and_dead_letters_bad_ones(kafka_bootstrap: str, u
     produce_all(kafka_bootstrap, stream.topic, records)
 
     started_ms = int(time.time() * 1000)
+    txn_records, txn_count = (
+        REGISTRY.get_sample_value(f"ingest_transaction_records_{s}") or 0.0 for s in ("sum", "count")
+    )
     ingest = Ingest(ingest_settings(kafka_bootstrap, unique, max_record_bytes=2_048), [stream])
     ingest.start()
     try:
         assert drain(ingest, len(records)) == len(records)
     finally:
         ingest.close()
+    # Every record consumed was in exactly one committed transaction, and the commits were timed.
+    assert REGISTRY.get_sample_value("ingest_transaction_records_sum") == txn_records + len(records)
+    commits = (REGISTRY.get_sample_value("ingest_transaction_records_count") or 0) - txn_count
+    assert 1 <= commits <= len(records)
+    assert REGISTRY.get_sample_value("ingest_transaction_seconds_count") is not None
 
     forwarded = read_all(kafka_bootstrap, stream.source.valid_topic, min_count=len(good))
     by_ts = sorted((orjson.loads(m.value()) for m in forwarded), key=lambda d: d["ts"])
