@@ -25,7 +25,6 @@ records. Timings go to <run dir>/report.json and are printed (pytest -s shows th
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import shutil
@@ -36,7 +35,7 @@ from typing import Any
 
 import pytest
 import redis
-from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
 from infra import cluster, procs
@@ -181,10 +180,29 @@ class ClusterFaults(Faults):
         self.actions = list(FAULTS)
         self.gap_s = GAP_S
         self.admin = _admin(topo)
+        # The ingest group's committed offsets, read by a consumer of that group that never joins it
+        # (no subscribe): not AdminClient.list_consumer_group_offsets, which crashed pytest with SIGSEGV
+        # when the killed broker had been the group's coordinator -- librdkafka's OffsetFetch handler
+        # answers NOT_COORDINATOR by poking the client's consumer group, which an admin client has not
+        # (a NULL rkcg in rd_kafka_cgrp_op; seen in a core dump here; librdkafka issue #5040).
+        self.offsets = Consumer(
+            {
+                "bootstrap.servers": topo.bootstrap,
+                "group.id": INGEST_GROUP,
+                "enable.auto.commit": False,
+                "socket.timeout.ms": 5000,
+            }
+        )
         self.redis = redis.Redis.from_url(cfg.redis_url)
         self.counted = [RedisWindows(self.redis, j) for j, s in specs.items() if s.get("emit") is None]
         self.raw_topics = sorted(specs)
         self.warmup_s: float | None = None
+
+    def run(self) -> None:
+        try:
+            super().run()
+        finally:
+            self.offsets.close()
 
     def _run(self) -> None:
         """First the jobs' warm-up: a new stateful query's first micro-batches take tens of seconds
@@ -205,10 +223,9 @@ class ClusterFaults(Faults):
         """The ingest group's committed offset of each raw topic, then each on-update job's count.
         (Not the .valid topics' end offsets read with a consumer: that one kept asking the killed
         broker for minutes.)"""
-        request = ConsumerGroupTopicPartitions(INGEST_GROUP, [TopicPartition(t, 0) for t in self.raw_topics])
         try:
-            result = self.admin.list_consumer_group_offsets([request])[INGEST_GROUP].result(10)
-            offsets = [tp.offset for tp in result.topic_partitions]
+            committed = self.offsets.committed([TopicPartition(t, 0) for t in self.raw_topics], timeout=10)
+            offsets = [tp.offset for tp in committed]
         except KafkaException:
             offsets = [-1] * len(self.raw_topics)
         try:
@@ -407,23 +424,9 @@ class ClusterFaults(Faults):
         }
 
 
-@pytest.fixture
-def no_gc_in_client_threads() -> Iterator[None]:
-    """The interpreter's cyclic GC off while the faults run: pytest died of SIGSEGV twice, each time
-    seconds after a broker kill, with admin futures in flight; a collection that runs in a librdkafka
-    thread (an admin future's callback) and frees a Kafka client there is the known cause
-    (confluent-kafka-python #1761, #2129, whose own tests disable GC the same way)."""
-    gc.collect()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
-
-
 @pytest.mark.timeout(1800)
 def test_broker_worker_processor_ingest_and_sink_killed_under_load_every_window_exact(
-    topology: ClusterConfig, no_gc_in_client_threads: None
+    topology: ClusterConfig,
 ) -> None:
     cfg = topology
     stack = cluster.stack_config(cfg)
