@@ -18,6 +18,7 @@ from services.ingest.settings import IngestSettings
 from services.ingest.streams import load_configured_streams
 from shared.service import GrpcEndpoint, Wiring, run_service
 from shared.tls import TlsIdentity
+from shared.watchdog import CallWatchdog
 
 if TYPE_CHECKING:
     from services.ingest.http import HttpIngest, HttpServer
@@ -63,7 +64,8 @@ class IngestService:
 
 def build(settings: IngestSettings, tracer: Tracer, _tls: TlsIdentity | None) -> Wiring:
     streams = load_configured_streams(settings.job_specs, settings.streams_file)
-    ingest = Ingest(settings, streams, tracer=tracer)
+    watchdog = CallWatchdog(settings.stuck_call_restart_s) if settings.stuck_call_restart_s else None
+    ingest = Ingest(settings, streams, tracer=tracer, watchdog=watchdog)
     # Control pushes the streams of its jobs to the gRPC address this instance registers.
     grpc = GrpcEndpoint(settings.grpc_host, settings.grpc_port, grpc_services(ingest))
     return Wiring(

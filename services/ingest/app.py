@@ -16,6 +16,7 @@ committed offsets. Zombies are fenced twice: by the transactional id (one per re
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -64,6 +65,7 @@ from shared.kafka import (
     first_offsets,
 )
 from shared.metrics import DLQ_EVENTS, LATE_EVENTS, PROCESSING_LATENCY, RECORDS_PROCESSED, WATERMARK_LAG_MS
+from shared.watchdog import CallWatchdog
 
 log = logging.getLogger(__name__)
 SERVICE = "ingest"
@@ -108,8 +110,11 @@ class Ingest:
         streams: Iterable[StreamDefinition],
         now_ms: Clock = wall_clock_ms,
         tracer: trace.Tracer | None = None,
+        watchdog: CallWatchdog | None = None,
     ) -> None:
         self.settings = settings
+        # Guards the transactional calls, some of which can block past their timeout (shared/watchdog.py).
+        self._guard = watchdog.guard if watchdog is not None else _unguarded
         # The streams of the local configuration stay; the control plane adds its own to them.
         self._configured = merge_streams(streams)
         if not self._configured and not settings.grpc_port:
@@ -166,7 +171,8 @@ class Ingest:
         )
         try:
             # Fences any earlier incarnation of this replica and aborts its open transaction.
-            self._producer.init_transactions(KAFKA_TIMEOUT_S)
+            with self._guard("init_transactions"):
+                self._producer.init_transactions(KAFKA_TIMEOUT_S)
         except KafkaException as e:
             raise IngestError(f"cannot initialise transactions: {e.args[0]}") from e
         extra: dict[str, object] = {
@@ -532,9 +538,11 @@ class Ingest:
         _retrying(
             lambda: producer.send_offsets_to_transaction(
                 offsets, consumer.consumer_group_metadata(), KAFKA_TIMEOUT_S
-            )
+            ),
+            self._guard,
+            "send_offsets_to_transaction",
         )
-        _retrying(lambda: producer.commit_transaction(KAFKA_TIMEOUT_S))
+        _retrying(lambda: producer.commit_transaction(KAFKA_TIMEOUT_S), self._guard, "commit_transaction")
         TRANSACTION_SECONDS.observe(time.perf_counter() - began)
         TRANSACTION_RECORDS.observe(len(records))
         if isolation.chunk is not None or isolation.culprits:
@@ -607,7 +615,8 @@ class Ingest:
         self._producer.poll(0)  # serve the delivery reports of the records that failed
         refused = [e for e in self._delivery_errors if e.code() in RECORD_ERRORS]
         try:
-            self._producer.abort_transaction(KAFKA_TIMEOUT_S)
+            with self._guard("abort_transaction"):
+                self._producer.abort_transaction(KAFKA_TIMEOUT_S)
         except KafkaException as e:
             abort_error = e.args[0]
             if isinstance(abort_error, KafkaError) and abort_error.fatal():
@@ -669,11 +678,20 @@ class Ingest:
         }
 
 
-def _retrying(call: Callable[[], object], attempts: int = 5) -> None:
-    """Repeat a transactional call on a retriable error (e.g. a timeout), as the client asks for."""
+Guard = Callable[[str], contextlib.AbstractContextManager[None]]
+
+
+def _unguarded(_what: str) -> contextlib.AbstractContextManager[None]:
+    return contextlib.nullcontext()
+
+
+def _retrying(call: Callable[[], object], guard: Guard, what: str, attempts: int = 5) -> None:
+    """Repeat a transactional call on a retriable error (e.g. a timeout), as the client asks for;
+    each attempt under ``guard(what)`` (a watchdog's deadline)."""
     for attempt in range(attempts):
         try:
-            call()
+            with guard(what):
+                call()
             return
         except KafkaException as e:
             kerr = e.args[0]

@@ -40,6 +40,10 @@ class IngestSettings(BaseServiceSettings):
     batch_max_wait_ms: int = Field(200, ge=1)
     batch_linger_ms: int = Field(5, ge=0)
     transaction_timeout_ms: int = Field(10_000, ge=1_000)
+    # A transactional call still blocked this long -- past its own 30 s timeout, which librdkafka does
+    # not always honour when a coordinator's broker dies (shared/watchdog.py) -- restarts the process in
+    # place; its successor fences the wedged transaction. 0: no watchdog.
+    stuck_call_restart_s: float = Field(60.0, ge=0)
 
     # --- validation policies (each rejection goes to <topic>.dlq with its reason) -------------------
     max_record_bytes: int = Field(1_048_576, ge=1)
@@ -81,6 +85,16 @@ class IngestSettings(BaseServiceSettings):
         if any(len(t) < 16 for t in tokens):
             raise ValueError("every token in SF_INGEST_HTTP_TOKENS must have at least 16 characters")
         return tokens
+
+    @field_validator("stuck_call_restart_s")
+    @classmethod
+    def _past_the_calls_timeout(cls, seconds: float) -> float:
+        if 0 < seconds < 35:  # the transactional calls' own timeout is 30 s (KAFKA_TIMEOUT_S)
+            raise ValueError(
+                "SF_INGEST_STUCK_CALL_RESTART_S must be 0 (no watchdog) or at least 35: a call that "
+                "times out as it should (30 s) must not restart ingest"
+            )
+        return seconds
 
     # --- control plane ----------------------------------------------------------------------------
     grpc_port: int = Field(6125, ge=0)  # StreamConfig + grpc.health.v1; 0: no gRPC server

@@ -1,0 +1,93 @@
+"""A blocking client call that outlives its deadline restarts the process in place.
+
+librdkafka's transactional calls take a timeout, but some do not honour it: with the group or
+transaction coordinator's broker killed, ``send_offsets_to_transaction`` can block for good
+(librdkafka #5456: the coordinator request's timeout is never checked; #5511: a decommissioned
+coordinator broker never re-triggers the request). Seen in the cluster fault test: an ingest replica
+stuck in that call for over six minutes after its coordinator's broker was SIGKILLed and restarted.
+A thread blocked in C cannot be interrupted, and a client in the middle of a call cannot be freed.
+
+So a guarded call gets a deadline; a daemon thread checks it, and when a call overruns it the process
+re-executes itself (``os.execv`` with the interpreter's original arguments): same pid (pid files and
+supervisors keep tracking it), every thread and socket of the old image gone, and the new image
+starts as after a crash -- for ingest, ``init_transactions`` with the same transactional id fences
+and aborts the wedged transaction, and consumption resumes from the committed offsets. Nothing is
+lost or counted twice; the cost is one restart.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+log = logging.getLogger(__name__)
+
+
+def reexec() -> None:
+    """Replace this process with a fresh run of the same command line (never returns)."""
+    for handler in logging.getLogger().handlers:
+        with contextlib.suppress(Exception):
+            handler.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, list(sys.orig_argv))
+
+
+class CallWatchdog:
+    """``with watchdog.guard("what"):`` around a call that may block past its own timeout."""
+
+    def __init__(
+        self,
+        limit_s: float,
+        on_stuck: Callable[[str, float], None] | None = None,
+        check_every_s: float = 1.0,
+    ) -> None:
+        self.limit_s = limit_s
+        self._on_stuck = on_stuck or _restart_process
+        self._check_every_s = check_every_s
+        self._lock = threading.Lock()
+        self._call: tuple[str, float] | None = None  # (what, started) of the call in progress
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="call-watchdog", daemon=True)
+        self._thread.start()
+
+    @contextlib.contextmanager
+    def guard(self, what: str) -> Iterator[None]:
+        with self._lock:
+            self._call = (what, time.monotonic())
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._call = None
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self._check_every_s):
+            with self._lock:
+                call = self._call
+            if call is None:
+                continue
+            what, started = call
+            blocked_s = time.monotonic() - started
+            if blocked_s > self.limit_s:
+                self._stopped.set()
+                self._on_stuck(what, blocked_s)
+                return
+
+
+def _restart_process(what: str, blocked_s: float) -> None:
+    log.critical(
+        "%s has not returned after %.0f s, past its own timeout (a wedged Kafka client): "
+        "restarting the process in place",
+        what,
+        blocked_s,
+    )
+    reexec()
