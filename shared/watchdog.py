@@ -28,14 +28,37 @@ from collections.abc import Callable, Iterator
 log = logging.getLogger(__name__)
 
 
+# Consecutive restarts in place, and when the last one began: carried in the environment across execv,
+# so an error that comes back at once backs off (1, 3, 7... up to 60 s) instead of spinning.
+RESTARTS_ENV, SINCE_ENV = "SF_SELF_RESTARTS", "SF_SELF_RESTARTED_AT"
+CALM_S = 300.0  # a process that ran this long since its last restart starts counting again
+
+
+def restart_backoff_s(restarts: int, ran_s: float) -> tuple[int, float]:
+    """(restarts so far, counting this one; seconds to wait before it)."""
+    n = 1 if ran_s >= CALM_S else restarts + 1
+    return n, float(min(2 ** (n - 1) - 1, 60))
+
+
 def reexec() -> None:
     """Replace this process with a fresh run of the same command line (never returns)."""
+    try:
+        restarts = int(os.environ.get(RESTARTS_ENV, "0"))
+        ran_s = time.time() - float(os.environ.get(SINCE_ENV, "0"))
+    except ValueError:
+        restarts, ran_s = 0, CALM_S
+    n, wait_s = restart_backoff_s(restarts, ran_s)
+    if wait_s:
+        log.warning("restart %d in a row: waiting %.0f s first", n, wait_s)
+        time.sleep(wait_s)
+    os.environ[RESTARTS_ENV] = str(n)
+    os.environ[SINCE_ENV] = str(time.time())
     for handler in logging.getLogger().handlers:
         with contextlib.suppress(Exception):
             handler.flush()
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execv(sys.executable, list(sys.orig_argv))
+    os.execve(sys.executable, list(sys.orig_argv), os.environ)
 
 
 class CallWatchdog:

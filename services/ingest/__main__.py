@@ -7,28 +7,40 @@ shutdown: shared/service.py.
 
 from __future__ import annotations
 
+import logging
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from opentelemetry.trace import Tracer
 
 from services.ingest.app import Ingest
+from services.ingest.errors import FatalKafkaError
 from services.ingest.grpc_server import grpc_services
 from services.ingest.settings import IngestSettings
 from services.ingest.streams import load_configured_streams
 from shared.service import GrpcEndpoint, Wiring, run_service
 from shared.tls import TlsIdentity
-from shared.watchdog import CallWatchdog
+from shared.watchdog import CallWatchdog, reexec
 
 if TYPE_CHECKING:
     from services.ingest.http import HttpIngest, HttpServer
+
+log = logging.getLogger(__name__)
 
 
 class IngestService:
     """The Kafka loop plus, when enabled, the HTTP endpoint beside it (which reads the loop's streams)."""
 
-    def __init__(self, ingest: Ingest, settings: IngestSettings, tracer: Tracer) -> None:
+    def __init__(
+        self,
+        ingest: Ingest,
+        settings: IngestSettings,
+        tracer: Tracer,
+        restart: Callable[[], None] = reexec,
+    ) -> None:
         self.ingest = ingest
+        self._restart = restart
         self.settings = settings
         self.tracer = tracer
         self._gateway: HttpIngest | None = None
@@ -47,7 +59,13 @@ class IngestService:
             self._http.start()
 
     def run(self) -> None:
-        self.ingest.run()
+        try:
+            self.ingest.run()
+        except FatalKafkaError as e:
+            if e.fenced or not self.settings.restart_on_fatal:
+                raise
+            log.critical("%s: restarting the process in place (a fresh client fences the broken one)", e)
+            self._restart()
 
     def stop(self) -> None:
         self.ingest.stop()

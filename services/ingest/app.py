@@ -216,7 +216,10 @@ class Ingest:
             close_consumer(self._consumer)
             self._consumer = None
         if self._producer is not None:
-            self._producer.flush(10)
+            try:
+                self._producer.flush(10)
+            except KafkaException as e:  # a producer with a fatal error: its open transaction is lost anyway
+                log.warning("producer flush on close: %s", e.args[0])
             self._producer = None
 
     def _release_partitions(self, consumer: Consumer, timeout_s: float = 10.0) -> None:
@@ -427,7 +430,7 @@ class Ingest:
             err = m.error()
             if err is not None:
                 if err.fatal():
-                    raise FatalKafkaError(f"consumer: {err}")
+                    raise FatalKafkaError(f"consumer: {err}", err)
                 if err.code() != KafkaError._PARTITION_EOF:
                     log.warning("consume error: %s", err)
                 continue
@@ -610,7 +613,7 @@ class Ingest:
         kerr = error.args[0]
         if isinstance(kerr, KafkaError) and kerr.fatal():
             # Fenced (a newer incarnation of this replica took over) or broken: only a restart is safe.
-            raise FatalKafkaError(f"unrecoverable transaction error: {kerr}") from error
+            raise FatalKafkaError(f"unrecoverable transaction error: {kerr}", kerr) from error
         log.warning("aborting a batch of %d records: %s", len(records), kerr)
         self._producer.poll(0)  # serve the delivery reports of the records that failed
         refused = [e for e in self._delivery_errors if e.code() in RECORD_ERRORS]
@@ -620,7 +623,7 @@ class Ingest:
         except KafkaException as e:
             abort_error = e.args[0]
             if isinstance(abort_error, KafkaError) and abort_error.fatal():
-                raise FatalKafkaError(f"cannot abort the transaction: {abort_error}") from e
+                raise FatalKafkaError(f"cannot abort the transaction: {abort_error}", abort_error) from e
             log.warning("abort_transaction: %s", abort_error)
         for topic, snap in snapshot.items():
             if topic in self.watermarks:

@@ -44,6 +44,9 @@ class IngestSettings(BaseServiceSettings):
     # not always honour when a coordinator's broker dies (shared/watchdog.py) -- restarts the process in
     # place; its successor fences the wedged transaction. 0: no watchdog.
     stuck_call_restart_s: float = Field(60.0, ge=0)
+    # A fatal Kafka client error that is not a fence (e.g. INVALID_TXN_STATE after a coordinator's broker
+    # died) restarts the process in place, backing off when it recurs; false: exit 3 for a supervisor.
+    restart_on_fatal: bool = True
 
     # --- validation policies (each rejection goes to <topic>.dlq with its reason) -------------------
     max_record_bytes: int = Field(1_048_576, ge=1)

@@ -1,4 +1,5 @@
-"""shared/watchdog.py: a guarded call that overruns its deadline restarts the process in place."""
+"""shared/watchdog.py: a guarded call that overruns its deadline restarts the process in place; so does
+ingest on a fatal Kafka client error that is not a fence."""
 
 from __future__ import annotations
 
@@ -9,10 +10,14 @@ import time
 from pathlib import Path
 
 import pytest
+from confluent_kafka import KafkaError
+from opentelemetry import trace
 from pydantic import ValidationError
 
+from services.ingest.__main__ import IngestService
+from services.ingest.errors import FatalKafkaError
 from services.ingest.settings import IngestSettings
-from shared.watchdog import CallWatchdog
+from shared.watchdog import CALM_S, CallWatchdog, restart_backoff_s
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -86,3 +91,47 @@ def test_ingest_refuses_a_watchdog_shorter_than_the_calls_own_timeout() -> None:
         IngestSettings(stuck_call_restart_s=10)
     assert IngestSettings(stuck_call_restart_s=0).stuck_call_restart_s == 0
     assert IngestSettings().stuck_call_restart_s == 60
+
+
+def test_restarts_in_a_row_back_off_and_a_calm_run_starts_over() -> None:
+    assert restart_backoff_s(0, 10.0) == (1, 0.0)
+    assert [restart_backoff_s(n, 10.0)[1] for n in range(1, 5)] == [1.0, 3.0, 7.0, 15.0]
+    assert restart_backoff_s(20, 10.0) == (21, 60.0)  # capped
+    assert restart_backoff_s(20, CALM_S + 1) == (1, 0.0)  # ran a while since: a new problem
+
+
+class FailingIngest:
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def run(self) -> None:
+        raise self.error
+
+
+@pytest.mark.parametrize(
+    ("code", "restart_on_fatal", "restarted"),
+    [
+        (KafkaError.INVALID_TXN_STATE, True, True),  # broken client: a fresh one fences it
+        (KafkaError.PRODUCER_FENCED, True, False),  # a newer incarnation runs: leave it be
+        (KafkaError.FENCED_INSTANCE_ID, True, False),
+        (KafkaError.INVALID_TXN_STATE, False, False),  # exit 3, for a supervisor to restart
+    ],
+)
+def test_ingest_restarts_in_place_on_a_fatal_client_error_unless_fenced(
+    code: int, restart_on_fatal: bool, restarted: bool
+) -> None:
+    error = FatalKafkaError("unrecoverable transaction error", KafkaError(code, "x", fatal=True))
+    restarts: list[bool] = []
+    service = IngestService(
+        FailingIngest(error),  # type: ignore[arg-type]
+        IngestSettings(restart_on_fatal=restart_on_fatal),
+        trace.get_tracer("test"),
+        restart=lambda: restarts.append(True),
+    )
+    if restarted:
+        service.run()
+        assert restarts == [True]
+    else:
+        with pytest.raises(FatalKafkaError):
+            service.run()
+        assert restarts == []
