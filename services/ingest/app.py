@@ -41,7 +41,7 @@ from services.ingest.errors import FatalKafkaError, IngestError, StreamConfigErr
 from services.ingest.isolation import RECORD_ERRORS, Isolation
 from services.ingest.metrics import TRANSACTION_RECORDS, TRANSACTION_SECONDS, WATERMARK_MS
 from services.ingest.progress import GroupProgress
-from services.ingest.settings import IngestSettings
+from services.ingest.settings import KAFKA_TIMEOUT_S, IngestSettings
 from services.ingest.streams import StreamDefinition, merge_streams
 from services.ingest.tracing import ReceiveSpans, RecordGate
 from services.ingest.validate import (
@@ -69,7 +69,6 @@ from shared.watchdog import CallWatchdog
 
 log = logging.getLogger(__name__)
 SERVICE = "ingest"
-KAFKA_TIMEOUT_S = 30.0
 POLL_EVERY = 1_000  # serve delivery reports every this many produced records, not after each one
 UNWRITABLE = "unwritable"  # dlq_events_total reason of a record dropped: even its dead letter was refused
 

@@ -10,6 +10,8 @@ from shared.settings import BaseServiceSettings
 # 2001-09-09T01:46:40Z. Anything earlier is almost always epoch *seconds* sent as milliseconds (a
 # 2024 date in seconds reads as January 1970 in milliseconds) or a zero/default value.
 DEFAULT_MIN_EVENT_TIME_MS = 1_000_000_000_000
+# The timeout ingest gives its blocking Kafka calls (transactions, committed offsets).
+KAFKA_TIMEOUT_S = 30.0
 
 
 class IngestSettings(BaseServiceSettings):
@@ -92,10 +94,11 @@ class IngestSettings(BaseServiceSettings):
     @field_validator("stuck_call_restart_s")
     @classmethod
     def _past_the_calls_timeout(cls, seconds: float) -> float:
-        if 0 < seconds < 35:  # the transactional calls' own timeout is 30 s (KAFKA_TIMEOUT_S)
+        least = KAFKA_TIMEOUT_S + 5
+        if 0 < seconds < least:
             raise ValueError(
-                "SF_INGEST_STUCK_CALL_RESTART_S must be 0 (no watchdog) or at least 35: a call that "
-                "times out as it should (30 s) must not restart ingest"
+                f"SF_INGEST_STUCK_CALL_RESTART_S must be 0 (no watchdog) or at least {least:g}: a call "
+                f"that times out as it should ({KAFKA_TIMEOUT_S:g} s) must not restart ingest"
             )
         return seconds
 
