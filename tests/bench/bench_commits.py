@@ -1,0 +1,91 @@
+"""What ingest's commit rate costs: broker CPU and freshness against SF_INGEST_BATCH_LINGER_MS.
+
+`python -m tests.bench commits`. On the stack of tests/bench/stack.py, after the freshness part's stack
+warm-up (a fresh broker spends its first ~40 s compiling), one count-only real-time job (30 s
+batches, one partition). For each linger in LINGERS_MS, ingest is restarted with it, then per rate
+(1,000 and 10,000 events/s plus 20 markers/s, tests/bench/markers.py): 8 s warm-up, 20 s measured,
+3 s tail. Per point: ingest's commits per second (the count of its ``ingest_transaction_records``
+histogram), CPU per process (tests/bench/probe.py), marker freshness p50/p95/p99. Checked: after
+the load, every window in Redis equals the events sent to it. Ingest is restarted with its default
+linger at the end.
+"""
+
+from __future__ import annotations
+
+import urllib.request
+import uuid
+from typing import Any
+
+import redis
+from prometheus_client.parser import text_string_to_metric_families
+
+from infra import procs
+from infra.stack import StackConfig, start_service, wait_service_ready
+from shared.kafka import ensure_topics
+from tests.bench import workload
+from tests.bench.bench_freshness import MARKERS_PER_S, RATES, warm_up
+from tests.bench.markers import Load, MarkerWatch, percentiles_ms
+from tests.bench.probe import StageProbe
+from tests.bench.stack import Control, services_up
+
+LINGERS_MS = (5, 20, 50)
+WARMUP_S, MEASURE_S, TAIL_S = 8, 20, 3
+
+
+def commits(cfg: StackConfig) -> float:
+    """Transactions ingest has committed since it started (its histogram's count)."""
+    url = f"http://127.0.0.1:{cfg.metrics_ports[0]}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        text = resp.read().decode()
+    for family in text_string_to_metric_families(text):
+        if family.name == "ingest_transaction_records":
+            return sum(s.value for s in family.samples if s.name.endswith("_count"))
+    raise RuntimeError(f"ingest's {url} has no ingest_transaction_records")
+
+
+def restart_ingest(cfg: StackConfig, env: dict[str, str]) -> None:
+    procs.stop_process("ingest", cfg.run_dir)
+    start_service(cfg, "ingest", env)
+    wait_service_ready(cfg, "ingest", timeout_s=120)
+
+
+def main() -> dict[str, Any]:
+    cfg = services_up()
+    client = redis.Redis.from_url(cfg.redis_url)
+    job_id = f"commits-{uuid.uuid4().hex[:6]}"
+    ensure_topics(cfg.bootstrap, [job_id, f"{job_id}.valid"], partitions=1)
+    out: dict[str, Any] = {"lingers_ms": list(LINGERS_MS), "rates": list(RATES), "points": {}}
+    with Control(cfg) as control:
+        warm_up(cfg, control)
+        spec = workload.spec(job_id, workload.COUNT_ONLY, trigger_mode="real_time", trigger_interval="30s")
+        control.submit(spec)
+        try:
+            load = Load(cfg.bootstrap, job_id)
+            with MarkerWatch(cfg.redis_url, job_id) as watch:
+                for linger in LINGERS_MS:
+                    restart_ingest(cfg, {"SF_INGEST_BATCH_LINGER_MS": str(linger)})
+                    for rate in RATES:
+                        load.run(rate, WARMUP_S, MARKERS_PER_S)
+                        before = commits(cfg)
+                        with StageProbe(cfg) as probe:
+                            probe.start()
+                            markers = load.run(rate, MEASURE_S, MARKERS_PER_S)
+                            probe.stop()
+                        after = commits(cfg)
+                        load.run(rate, TAIL_S, MARKERS_PER_S)
+                        seen = [f for f in map(watch.freshness, markers) if f is not None]
+                        out["points"][f"{linger}ms/{rate}"] = {
+                            "linger_ms": linger,
+                            "rate": rate,
+                            "commits_per_s": round((after - before) / MEASURE_S, 1),
+                            "cores": probe.cores(),
+                            "lost": len(markers) - len(seen),
+                            **percentiles_ms(seen),
+                        }
+                outcome = load.wait_exact(client, job_id)
+            out["exact"] = outcome.exact
+            out["problems"] = outcome.problems
+        finally:
+            control.cancel(job_id)
+            restart_ingest(cfg, {})
+    return out
