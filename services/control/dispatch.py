@@ -31,6 +31,9 @@ from shared.jobstate import ACTIVE_STATES, JobState
 from shared.proto import streamforge_pb2 as pb
 
 log = logging.getLogger(__name__)
+# A processor whose connection dropped is called again with this deadline: a refusal comes back at
+# once, a slow answer is left to the heartbeat timeout.
+RECHECK_TIMEOUT_S = 2.0
 
 
 def active_specs(jobs: Iterable[JobRecord]) -> list[str]:
@@ -86,6 +89,11 @@ class Dispatcher:
     def probe(self, instance_id: str) -> Future[Any]:
         """Ask the instance's grpc.health.v1 and note its answer."""
         return self._schedule("probe", instance_id, self._probe, instance_id)
+
+    def recheck(self, instance_id: str, on_refused: Callable[[str, str], None]) -> Future[Any]:
+        """The connection to a processor dropped: call it again at once; ``on_refused(instance_id,
+        why)`` when nothing answers at its address any more."""
+        return self._schedule("recheck", instance_id, self._recheck, instance_id, on_refused)
 
     # --- the pool --------------------------------------------------------------------------------------
     def _schedule(self, kind: str, key: str, fn: Callable[..., Any], *args: Any) -> Future[Any]:
@@ -316,6 +324,14 @@ class Dispatcher:
                 update={"streams_digest": digest, "streams_error": error, "streams_attempt_ms": now}
             ),
         )
+
+    def _recheck(self, instance_id: str, on_refused: Callable[[str, str], None]) -> None:
+        inst = self.ctx.instances.get(instance_id)
+        if inst is None or inst.health != "alive":
+            return
+        why = self.ctx.peers.refused(inst.target, "processor", timeout_s=RECHECK_TIMEOUT_S)
+        if why is not None:
+            on_refused(instance_id, why)
 
     def _probe(self, instance_id: str) -> None:
         inst = self.ctx.instances.get(instance_id)

@@ -187,7 +187,8 @@ class JobManager:
         """The processor holding the job is gone (unless it registered again since the sweep listed)."""
         if self.instances.is_alive(job.processor):
             return None
-        return self.transitions.lose(job.id, job.processor)
+        gone = self.instances.get(job.processor)
+        return self.transitions.lose(job.id, job.processor, gone.lost_reason if gone is not None else "")
 
     def _export_gauges(self, jobs: list[JobRecord], live: dict[str, InstanceRecord]) -> None:
         for state in JobState:

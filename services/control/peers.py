@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
@@ -44,6 +44,7 @@ class Peers:
 
     def __init__(self, interceptors: Sequence[Any] = (), tls: TlsIdentity | None = None) -> None:
         self._channels: dict[tuple[str, str | None], grpc.Channel] = {}
+        self._watches: dict[tuple[str, str | None], _DropWatch] = {}
         self._lock = threading.Lock()
         self._interceptors = tuple(interceptors)  # e.g. tracing: the caller's trace goes along
         self._tls = tls
@@ -72,14 +73,60 @@ class Peers:
             return "UNIMPLEMENTED" if code == grpc.StatusCode.UNIMPLEMENTED else "UNREACHABLE"
         return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
 
+    def refused(self, target: str, expected: str | None, timeout_s: float) -> str | None:
+        """Why a health check of ``target`` failed UNAVAILABLE (nothing accepts connections there, or
+        its TLS handshake fails); None when it answered, or failed otherwise (a slow network: the
+        heartbeat timeout decides then)."""
+        stub = health_pb2_grpc.HealthStub(self.channel(target, expected))
+        try:
+            stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
+        except grpc.RpcError as e:
+            return describe(e) if code_of(e) == grpc.StatusCode.UNAVAILABLE else None
+        return None
+
+    def watch(self, target: str, expected: str | None, on_drop: Callable[[], None]) -> None:
+        """Connect to ``target`` now and call ``on_drop`` (on a gRPC thread: it must not block) each
+        time an established connection to it is lost: the process behind it died, or closed it.
+
+        A process that dies closes its sockets at once (the kernel sends FIN/RST), so this learns of
+        a SIGKILLed instance within milliseconds, where its heartbeats' silence takes a timeout.
+        Replaces an earlier watch of the same channel; ``forget`` ends it.
+        """
+        key = (target, expected)
+        ch = self.channel(target, expected)
+        with self._lock:
+            old = self._watches.pop(key, None)
+            self._watches[key] = watch = _DropWatch(on_drop)
+        if old is not None:
+            ch.unsubscribe(old)
+        ch.subscribe(watch, try_to_connect=True)
+
     def forget(self, target: str) -> None:
         with self._lock:
             gone = [self._channels.pop(k) for k in list(self._channels) if k[0] == target]
+            for k in [k for k in self._watches if k[0] == target]:
+                del self._watches[k]
         for ch in gone:
-            ch.close()
+            ch.close()  # ends its subscriptions too
 
     def close(self) -> None:
         with self._lock:
             channels, self._channels = list(self._channels.values()), {}
+            self._watches.clear()
         for ch in channels:
             ch.close()
+
+
+class _DropWatch:
+    """A connectivity callback: on_drop() when the channel leaves READY (not when it is closed)."""
+
+    def __init__(self, on_drop: Callable[[], None]) -> None:
+        self.on_drop = on_drop
+        self.ready = False
+
+    def __call__(self, state: grpc.ChannelConnectivity) -> None:
+        if state == grpc.ChannelConnectivity.READY:
+            self.ready = True
+        elif self.ready and state != grpc.ChannelConnectivity.SHUTDOWN:
+            self.ready = False
+            self.on_drop()

@@ -72,6 +72,15 @@ class Registry:
         self.ctx.instances.put(record)
         again = "" if previous is None else f" again (was {previous.health})"
         log.info("%s %s registered%s at %s", record.service, record.instance_id, again, record.target)
+        if record.service == "processor" and self.ctx.settings.fast_loss_detection:
+            # Its jobs move when it is lost: learn of a dead processor from its closed connection,
+            # not only from a heartbeat timeout.
+            iid = record.instance_id
+
+            def recheck() -> None:
+                self.dispatch.recheck(iid, self.lose_refused)
+
+            self.ctx.peers.watch(record.target, "processor", recheck)
         self.ctx.wake()
         return self.ctx.settings.heartbeat_interval_ms
 
@@ -122,6 +131,8 @@ class Registry:
         return live
 
     def _mark_lost(self, instance_id: str, now: int, silent_ms: int) -> None:
+        why = f"no heartbeat for over {self.ctx.settings.heartbeat_timeout_ms} ms"
+
         def lose(r: InstanceRecord) -> InstanceRecord | None:
             # Re-check inside the transaction: a heartbeat may have arrived since we listed.
             if (
@@ -129,11 +140,33 @@ class Registry:
                 or now - max(r.last_heartbeat_ms, self.started_ms) <= self.ctx.settings.heartbeat_timeout_ms
             ):
                 return None
-            return r.model_copy(update={"health": "lost", "lost_at_ms": now})
+            return r.model_copy(update={"health": "lost", "lost_at_ms": now, "lost_reason": why})
 
         record = self.ctx.instances.update(instance_id, lose)
         if record is not None and record.health == "lost":
             log.warning("%s %s lost: no heartbeat for %d ms", record.service, instance_id, silent_ms)
+
+    def lose_refused(self, instance_id: str, why: str) -> None:
+        """Its connection dropped and its address refuses a new one: the process is gone. Lost now,
+        without waiting out the heartbeat timeout (a restarted process registers under a new id)."""
+        now = self.ctx.clock()
+        reason = f"its connection closed and its gRPC port refuses calls ({why})"
+
+        def lose(r: InstanceRecord) -> InstanceRecord | None:
+            if r.health != "alive":
+                return None
+            return r.model_copy(update={"health": "lost", "lost_at_ms": now, "lost_reason": reason})
+
+        record = self.ctx.instances.update(instance_id, lose)
+        if record is not None and record.health == "lost":
+            log.warning(
+                "%s %s lost: %s, %d ms after its last heartbeat",
+                record.service,
+                instance_id,
+                reason,
+                now - record.last_heartbeat_ms,
+            )
+            self.ctx.wake()
 
     # --- what a processor's heartbeat says about the jobs -----------------------------------------------
     def _apply_reports(self, processor: InstanceRecord, reported: list[pb.JobStatus], now: int) -> None:

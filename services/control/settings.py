@@ -41,6 +41,9 @@ class ControlSettings(BaseServiceSettings):
     # An instance that has not heartbeated for heartbeat_timeout_ms is lost; its jobs go FAILING.
     heartbeat_interval_ms: int = Field(1_000, ge=50)
     heartbeat_timeout_ms: int = Field(5_000, ge=100)
+    # A processor whose connection from control closes and whose gRPC port then refuses a call is
+    # lost at once (its process died), not heartbeat_timeout_ms later: its jobs move sooner.
+    fast_loss_detection: bool = True
     # How often the supervisor looks for lost instances, jobs to (re)start or stop, configs to push.
     sweep_interval_ms: int = Field(500, ge=10)
     # A lost instance stays listed (health "lost") this long, then is forgotten.

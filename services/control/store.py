@@ -103,6 +103,7 @@ class InstanceRecord(BaseModel):
     last_heartbeat_ms: int
     health: Health = "alive"
     lost_at_ms: int = 0
+    lost_reason: str = ""  # how control learnt it was gone (heartbeat timeout, connection refused)
     load: dict[str, float] = Field(default_factory=dict)
     jobs: list[str] = Field(default_factory=list)  # what a processor says it runs
     grpc_health: str = "UNKNOWN"  # the instance's own grpc.health.v1 answer, probed by control

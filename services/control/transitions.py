@@ -195,8 +195,9 @@ class Transitions:
         self.ctx.jobs.update(job_id, fail)
         self.ctx.wake()
 
-    def lose(self, job_id: str, processor_id: str) -> JobRecord | None:
+    def lose(self, job_id: str, processor_id: str, lost_reason: str = "") -> JobRecord | None:
         """The processor holding the job is gone: FAILING, restarted when a processor is there."""
+        how = lost_reason or f"no heartbeat for over {self.ctx.settings.heartbeat_timeout_ms} ms"
 
         def lose(j: JobRecord) -> JobRecord | None:
             if j.state not in (JobState.RUNNING, JobState.FAILING) or j.needs_start:
@@ -204,9 +205,8 @@ class Transitions:
             if j.processor != processor_id:  # placed elsewhere meanwhile
                 return None
             why = (
-                f"processor {j.processor or '-'} lost (no heartbeat for over "
-                f"{self.ctx.settings.heartbeat_timeout_ms} ms); the job restarts from its checkpoint when a "
-                "processor is available"
+                f"processor {j.processor or '-'} lost ({how}); the job restarts from its checkpoint when "
+                "a processor is available"
             )
             moved = j if j.state == JobState.FAILING else self.moved(j, JobState.FAILING, why)
             return moved.model_copy(

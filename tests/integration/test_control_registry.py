@@ -148,6 +148,56 @@ def test_lost_processor_fails_its_job_and_a_new_processor_resumes_it(
     ]
 
 
+def test_a_killed_processor_is_lost_when_its_connection_closes_not_a_timeout_later(
+    control_redis_url: str, instances: list[FakeInstance], unique: str
+) -> None:
+    """A killed process's sockets close at once: control sees its connection drop, calls it again, is
+    refused, and moves its jobs — here with a heartbeat timeout of a minute, which never comes into it."""
+    control = ControlPlane(control_settings(control_redis_url, heartbeat_timeout_ms=60_000))
+    control.start()
+    try:
+        first: FakeProcessor = start(FakeProcessor(control.grpc_target), instances)
+        job = control.manager.submit(job_spec(unique), wait_s=5)
+        assert (job.state, job.processor) == (JobState.RUNNING, first.instance_id)
+        standby: FakeProcessor = start(FakeProcessor(control.grpc_target), instances)
+        first.crash()  # SIGKILL: no deregistration; its gRPC server (and its connections) gone
+        crashed = time.monotonic()
+        wait_until(lambda: unique in standby.running, timeout_s=10, what="the job on the standby")
+        assert time.monotonic() - crashed < 10  # < 1 s on a quiet machine; the timeout is 60 s
+        lost = control.instances.get(first.instance_id)
+        assert lost is not None and lost.health == "lost"
+        assert "refuses calls" in lost.lost_reason and "UNAVAILABLE" in lost.lost_reason
+        wait_until(lambda: state(control, unique) == JobState.RUNNING, what="RUNNING on the standby")
+        moved = control.jobs.get(unique)
+        assert moved is not None and moved.processor == standby.instance_id and moved.recoveries == 1
+        (failing,) = [t for t in moved.history if t.state == JobState.FAILING]
+        assert f"processor {first.instance_id} lost (its connection closed" in failing.message
+        assert health_of(control, standby.instance_id) == "alive"
+    finally:
+        control.stop()
+
+
+def test_a_hung_processor_that_still_serves_is_lost_only_after_the_heartbeat_timeout(
+    control_redis_url: str, instances: list[FakeInstance], unique: str
+) -> None:
+    """Its connection stays up (control's health probes go on answering): no early verdict."""
+    control = ControlPlane(control_settings(control_redis_url, heartbeat_timeout_ms=3_000))
+    control.start()
+    try:
+        p: FakeProcessor = start(FakeProcessor(control.grpc_target), instances)
+        control.manager.submit(job_spec(unique), wait_s=5)
+        p.pause_heartbeats()
+        paused = time.monotonic()
+        time.sleep(1.5)
+        assert health_of(control, p.instance_id) == "alive"
+        wait_until(lambda: health_of(control, p.instance_id) == "lost", what="lost after the timeout")
+        assert time.monotonic() - paused >= 3.0
+        lost = control.instances.get(p.instance_id)
+        assert lost is not None and lost.lost_reason == "no heartbeat for over 3000 ms"
+    finally:
+        control.stop()
+
+
 def test_paused_processor_comes_back_re_registers_and_runs_its_job_again(
     plane: ControlPlane, instances: list[FakeInstance], unique: str
 ) -> None:
@@ -380,7 +430,7 @@ def test_services_endpoint_shows_lost_instances(
     api: TestClient, plane: ControlPlane, instances: list[FakeInstance]
 ) -> None:
     p: FakeProcessor = start(FakeProcessor(plane.grpc_target), instances)
-    p.crash()
+    p.pause_heartbeats()  # hung: lost by the heartbeat timeout (a crash is lost sooner, see above)
 
     def row() -> dict[str, Any]:
         rows = api.get("/services", headers=auth()).json()["services"]

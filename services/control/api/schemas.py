@@ -81,6 +81,9 @@ class InstanceOut(BaseModel):
     metrics_port: int
     version: str
     health: str = Field(description="alive (heartbeats arrive) or lost")
+    lost_reason: str = Field(
+        "", description="how control learnt a lost instance was gone: heartbeat timeout, or refused calls"
+    )
     grpc_health: str = Field(description="the instance's grpc.health.v1 answer when control last asked")
     registered_at_ms: int
     last_heartbeat_ms: int
