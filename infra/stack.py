@@ -42,6 +42,8 @@ class StackConfig:
     # gRPC ports of control, processor, ingest and sink, in that order (control messages only).
     grpc_ports: tuple[int, int, int, int] = (6123, 6124, 6125, 6126)
     ingest_http_port: int = 8082
+    # gRPC, Prometheus and Spark UI ports of a second processor (start_standby_processor), if one runs.
+    standby_processor_ports: tuple[int, int, int] = (6127, 9104, 4041)
     job_specs: tuple[Path, ...] = field(default=())
     kafka_heap: str = "768m"
     # Zipkin: tracing UI and span collector (its API and UI share the port).
@@ -191,6 +193,38 @@ def start_service(
     return procs.start_process(
         process or name, [sys.executable, "-m", f"services.{name}"], cfg.run_dir, env=env, cwd=ROOT
     )
+
+
+STANDBY_PROCESSOR = "processor-standby"
+# The standby runs a throwaway job this long before it registers (services/processor/warmup.py).
+STANDBY_WARMUP_S = 30
+
+
+def start_standby_processor(cfg: StackConfig, *, wait: bool = True) -> int:
+    """A second processor beside the stack's own, for fast failover: warm (its JVM and SparkSession
+    up), it takes over the jobs of a processor that dies as soon as control learns of it, where a
+    restarted processor first spends 10-15 s starting Spark. It keeps its own job list but shares the
+    checkpoints and savepoints (the checkpoint lease keeps two copies of a job from running), and runs
+    only what control places on it; control places new jobs on the less loaded of the two."""
+    grpc_port, metrics_port, ui_port = cfg.standby_processor_ports
+    env = {
+        "SF_DATA_DIR": str((cfg.data_dir / STANDBY_PROCESSOR).resolve()),
+        "SF_PROCESSOR_CHECKPOINT_DIR": str((cfg.data_dir / "checkpoints").resolve()),
+        "SF_PROCESSOR_SAVEPOINT_DIR": str((cfg.data_dir / "savepoints").resolve()),
+        "SF_PROCESSOR_JOB_SPECS": "[]",
+        "SF_PROCESSOR_WARMUP_S": str(STANDBY_WARMUP_S),
+        "SF_PROCESSOR_GRPC_PORT": str(grpc_port),
+        "SF_PROCESSOR_METRICS_PORT": str(metrics_port),
+        "SF_PROCESSOR_SPARK_UI_PORT": str(ui_port),
+    }
+    pid = start_service(cfg, "processor", env, process=STANDBY_PROCESSOR)
+    if wait:
+        wait_process_ready(cfg, STANDBY_PROCESSOR, standby_metrics_url(cfg))
+    return pid
+
+
+def standby_metrics_url(cfg: StackConfig) -> str:
+    return f"http://127.0.0.1:{cfg.standby_processor_ports[1]}/metrics"
 
 
 def _port_of(cfg: StackConfig, name: str) -> int:

@@ -10,6 +10,7 @@ a job it resumed by itself, and a stop for a copy it should not run (through ``d
 from __future__ import annotations
 
 import logging
+import threading
 
 from services.control.context import ControlContext
 from services.control.dispatch import Dispatcher
@@ -39,6 +40,8 @@ class Registry:
         self.dispatch = dispatch
         # Instances were heartbeating to a previous control: give them a full timeout to find us.
         self.started_ms = ctx.clock()
+        self._watched: set[str] = set()  # processors whose connection is watched (Peers.watch)
+        self._lock = threading.Lock()
 
     # --- called by the gRPC Registry servicer ----------------------------------------------------------
     def register(self, instance: pb.ServiceInstance) -> int:
@@ -72,15 +75,7 @@ class Registry:
         self.ctx.instances.put(record)
         again = "" if previous is None else f" again (was {previous.health})"
         log.info("%s %s registered%s at %s", record.service, record.instance_id, again, record.target)
-        if record.service == "processor" and self.ctx.settings.fast_loss_detection:
-            # Its jobs move when it is lost: learn of a dead processor from its closed connection,
-            # not only from a heartbeat timeout.
-            iid = record.instance_id
-
-            def recheck() -> None:
-                self.dispatch.recheck(iid, self.lose_refused)
-
-            self.ctx.peers.watch(record.target, "processor", recheck)
+        self._watch(record, again=True)
         self.ctx.wake()
         return self.ctx.settings.heartbeat_interval_ms
 
@@ -103,8 +98,25 @@ class Registry:
         if not known or record is None:
             return False
         if record.service == "processor":
+            self._watch(record)  # e.g. registered with a control that has restarted since
             self._apply_reports(record, reported, now)
         return True
+
+    def _watch(self, record: InstanceRecord, *, again: bool = False) -> None:
+        """Its jobs move when a processor is lost: learn of a dead one from its closed connection
+        (Peers.watch), not only from a heartbeat timeout."""
+        if record.service != "processor" or not self.ctx.settings.fast_loss_detection:
+            return
+        iid = record.instance_id
+        with self._lock:
+            if iid in self._watched and not again:
+                return
+            self._watched.add(iid)
+
+        def recheck() -> None:
+            self.dispatch.recheck(iid, self.lose_refused)
+
+        self.ctx.peers.watch(record.target, "processor", recheck)
 
     def deregister(self, instance_id: str) -> None:
         record = self.ctx.instances.get(instance_id)
@@ -112,6 +124,8 @@ class Registry:
             return
         self.ctx.instances.delete(instance_id)
         self.ctx.peers.forget(record.target)
+        with self._lock:
+            self._watched.discard(instance_id)
         log.info("%s %s deregistered", record.service, instance_id)
         self.ctx.wake()
 
@@ -128,6 +142,8 @@ class Registry:
                     live[inst.instance_id] = inst
             elif now - inst.lost_at_ms > self.ctx.settings.lost_retention_ms:
                 self.ctx.instances.delete(inst.instance_id)
+                with self._lock:
+                    self._watched.discard(inst.instance_id)
         return live
 
     def _mark_lost(self, instance_id: str, now: int, silent_ms: int) -> None:

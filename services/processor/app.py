@@ -23,8 +23,10 @@ from services.processor.grpc_server import grpc_services, to_proto
 from services.processor.jobs import JobManager
 from services.processor.metrics import JobMetricsListener
 from services.processor.settings import ProcessorSettings
+from services.processor.warmup import warm_up
 from shared.grpc_server import GrpcServices
 from shared.jobspec import JobSpec
+from shared.jobstate import ACTIVE_STATES
 from shared.proto import streamforge_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -110,6 +112,10 @@ class Processor:
         self.manager.resume_stored(skip=given)
         for spec in self.specs:
             self.manager.start(spec)  # a spec file that does not start is a start-up error
+        if s.warmup_s > 0 and not any(v.state in ACTIVE_STATES for v in self.manager.list()):
+            # Nothing runs here (a standby, or its jobs moved to another processor while it was
+            # down): warm the JVM before registering, so a job it takes over starts fast.
+            warm_up(self.spark, s)
 
     def grpc_services(self) -> GrpcServices:
         """JobCommands over this processor's jobs (start() first)."""

@@ -41,6 +41,8 @@ from shared.metrics import (
 from shared.tracing import record_batch_span
 
 log = logging.getLogger(__name__)
+# Queries named so are a processor's warm-up (warmup.py): no metrics, no spans.
+WARMUP_JOB_PREFIX = "sf-warmup-"
 SERVICE = "processor"
 
 INPUT_ROWS_PER_SECOND = Gauge(
@@ -217,6 +219,8 @@ class JobMetricsListener(StreamingQueryListener):
     def onQueryProgress(self, event: Any) -> None:
         try:
             progress = orjson.loads(event.progress.json)
+            if str(progress.get("name") or "").startswith(WARMUP_JOB_PREFIX):
+                return  # the warm-up's throwaway job (warmup.py) is nobody's metrics
             m = metrics_from_progress(progress)
             self.record(m)
             self._log_first_batch(progress, m)

@@ -44,6 +44,9 @@ class ProcessorSettings(BaseServiceSettings):
     # A job that was running each of the last this-many times Spark's JVM died, without completing a
     # micro-batch in between, is quarantined: FAILED with the reason and not resumed (0: never).
     job_quarantine_crashes: int = Field(2, ge=0)
+    # A processor that starts with no job first runs a throwaway job for this long (services/processor/
+    # warmup.py), so a job it takes over starts on a warm JVM; 0: off. The standby processor sets it.
+    warmup_s: float = Field(0, ge=0, le=600)
     # How long a stop with savepoint waits for the running micro-batch to end.
     stop_timeout_ms: int = Field(30_000, ge=0)
 

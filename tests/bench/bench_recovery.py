@@ -2,15 +2,25 @@
 
 `python -m tests.bench recovery`. On the stack of tests/bench/stack.py, a count-only job (10 s
 tumbling windows, default trigger) submitted through `POST /jobs`, 1,000 events/s on 1,000 keys plus
-20 marker events/s (tests/bench/markers.py). After a 10 s warm-up and 20 s of steady load the
-processor's process group is killed with SIGKILL and the processor started again right away (it
-resumes its job from the checkpoint by itself); the load goes on throughout.
+20 marker events/s (tests/bench/markers.py). After 45 s of warm-up (a freshly started broker compiles
+for ~40 s, see bench_freshness) and 20 s of steady load the processor running the job is killed
+with SIGKILL (its process group) and started again right away, as a supervisor would; the load goes
+on throughout. Two variants:
 
+- ``restart``: the stack's one processor; the restarted process resumes the job from its checkpoint
+  by itself (its JVM and SparkSession start first);
+- ``standby``: a second processor runs beside it (infra.stack.start_standby_processor, started after
+  the job was placed; it ran a throwaway job of its own for 30 s before registering, see
+  services/processor/warmup.py); control learns of the dead processor from its closed connection and
+  starts the job on the standby, from the same checkpoint. The restarted processor is the next one.
+
+Per variant:
 - threshold = max(1 s, p99 freshness of the markers of the 20 s before the kill);
 - **fresh again after** = from the kill until the first of 20 consecutive markers (one second of
   markers) sent after the kill, each within the threshold, appeared in Redis;
 - max freshness = the slowest marker sent from 10 s before the kill on;
 - processor ready after = from the kill until the restarted processor's /metrics answered;
+- lost / running again after = from the kill until control's job history shows FAILING / RUNNING;
 - the load goes on until 15 s after recovery (at most 150 s after the kill); checked: every window in
   Redis then equals the count of events sent to it (nothing lost or counted twice by the crash).
 """
@@ -27,7 +37,15 @@ from typing import Any
 import redis
 
 from infra import procs
-from infra.stack import start_service, wait_service_ready
+from infra.stack import (
+    STANDBY_PROCESSOR,
+    StackConfig,
+    standby_metrics_url,
+    start_service,
+    start_standby_processor,
+    wait_process_ready,
+    wait_service_ready,
+)
 from shared.kafka import ensure_topics
 from tests.bench import workload
 from tests.bench.markers import Load, Marker, MarkerWatch, percentiles_ms
@@ -35,7 +53,8 @@ from tests.bench.stack import Control, job, services_up
 
 RATE = 1_000
 MARKERS_PER_S = 20
-WARMUP_S, BEFORE_S, STABLE_S, AFTER_MAX_S = 10, 20, 15, 150
+WARMUP_S, BEFORE_S, STABLE_S, AFTER_MAX_S = 45, 20, 15, 150
+VARIANTS = ("restart", "standby")
 RUN_OF_FRESH = 20  # consecutive fresh markers that mean "fresh again"
 
 
@@ -59,27 +78,64 @@ def fresh_again(
 
 def main() -> dict[str, Any]:
     cfg = services_up()
+    out: dict[str, Any] = {"rate": RATE, "marker_rate": MARKERS_PER_S, "variants": {}}
+    try:
+        for variant in os.environ.get("SF_BENCH_RECOVERY_VARIANTS", ",".join(VARIANTS)).split(","):
+            out["variants"][variant] = measure(cfg, variant)
+    finally:
+        procs.stop_process(STANDBY_PROCESSOR, cfg.run_dir, timeout_s=30)
+    return out
+
+
+def transition_s(control: Control, job_id: str, state: str, after: float) -> float | None:
+    """Seconds from ``after`` until the job's history first shows ``state`` at or after it."""
+    history = control.http.get(f"/jobs/{job_id}").json().get("history", [])
+    times = [t["at_ms"] / 1000 for t in history if t["state"] == state and t["at_ms"] / 1000 >= after - 0.5]
+    return round(min(times) - after, 1) if times else None
+
+
+def running_process(cfg: StackConfig, control: Control, job_id: str) -> str:
+    """The stack's process (its pid file's name) that runs the job, from control's registry."""
+    instance = control.status(job_id).get("processor", "")
+    rows = control.http.get("/services").json()["services"]
+    port = next((r["grpc_port"] for r in rows if r["instance_id"] == instance), None)
+    by_port = {cfg.grpc_ports[1]: "processor", cfg.standby_processor_ports[0]: STANDBY_PROCESSOR}
+    if port not in by_port:
+        raise RuntimeError(f"job {job_id} runs on {instance!r}, not a processor of this stack")
+    return by_port[port]
+
+
+def measure(cfg: StackConfig, variant: str) -> dict[str, Any]:
     client = redis.Redis.from_url(cfg.redis_url)
-    job_id = f"recovery-{uuid.uuid4().hex[:6]}"
+    job_id = f"recovery-{variant}-{uuid.uuid4().hex[:6]}"
     ensure_topics(cfg.bootstrap, [job_id], partitions=1)
-    out: dict[str, Any] = {"rate": RATE, "marker_rate": MARKERS_PER_S}
     with Control(cfg) as control, job(control, workload.spec(job_id, workload.COUNT_ONLY)):
+        # The job runs on the stack's processor (the only one yet); the standby comes after it.
+        if variant == "standby" and not procs.is_running(STANDBY_PROCESSOR, cfg.run_dir):
+            start_standby_processor(cfg)  # warms up (a throwaway job of its own) before it registers
         load = Load(cfg.bootstrap, job_id)
         with MarkerWatch(cfg.redis_url, job_id) as watch:
             load.run(RATE, WARMUP_S, MARKERS_PER_S)
             before = load.run(RATE, BEFORE_S, MARKERS_PER_S)
-            pid = procs.pid_of("processor", cfg.run_dir)
+            victim = running_process(cfg, control, job_id)
+            pid = procs.pid_of(victim, cfg.run_dir)
             if pid is None:
-                raise RuntimeError("the processor is not running")
+                raise RuntimeError(f"{victim} is not running")
             killed = time.time()
             os.killpg(pid, signal.SIGKILL)
-            while procs.is_running("processor", cfg.run_dir):
+            while procs.is_running(victim, cfg.run_dir):
                 time.sleep(0.05)
-            start_service(cfg, "processor")
+            if victim == STANDBY_PROCESSOR:
+                start_standby_processor(cfg, wait=False)
+            else:
+                start_service(cfg, "processor")
             ready: dict[str, float] = {}
 
             def wait_ready() -> None:
-                wait_service_ready(cfg, "processor", timeout_s=AFTER_MAX_S)
+                if victim == STANDBY_PROCESSOR:
+                    wait_process_ready(cfg, victim, standby_metrics_url(cfg), AFTER_MAX_S)
+                else:
+                    wait_service_ready(cfg, "processor", timeout_s=AFTER_MAX_S)
                 ready["at"] = time.time()
 
             waiter = threading.Thread(target=wait_ready, daemon=True)
@@ -101,22 +157,26 @@ def main() -> dict[str, Any]:
             recovered_at, stale = fresh_again(load.markers, watch, killed, threshold)
             around = [m for m in load.markers if m.sent >= killed - 10]
             freshness = [(m.sent - killed, watch.freshness(m)) for m in around]
+            lost_s = transition_s(control, job_id, "FAILING", killed)
+            running_s = transition_s(control, job_id, "RUNNING", killed)
+            now_on = control.status(job_id).get("processor", "")
         waiter.join(timeout=5)
-    out.update(
-        {
-            "job": job_id,
-            "threshold_s": round(threshold, 2),
-            "before_kill": percentiles_ms(seen_before),
-            "recovery_s": round(recovered_at - killed, 1) if recovered_at is not None else None,
-            "stale_markers_after_kill": stale,
-            "max_freshness_s": round(max((f for _, f in freshness if f is not None), default=0), 1),
-            "never_seen_markers": sum(1 for _, f in freshness if f is None),
-            "restart_ready_s": round(ready["at"] - killed, 1) if "at" in ready else None,
-            "exact": outcome.exact,
-            "problems": outcome.problems,
-            "events_sent": load.sent,
-            # (seconds after the kill the marker was sent, its freshness in seconds) for the chart
-            "markers": [(round(t, 2), round(f, 3)) for t, f in freshness if f is not None],
-        }
-    )
-    return out
+    return {
+        "job": job_id,
+        "killed": victim,
+        "threshold_s": round(threshold, 2),
+        "before_kill": percentiles_ms(seen_before),
+        "recovery_s": round(recovered_at - killed, 1) if recovered_at is not None else None,
+        "stale_markers_after_kill": stale,
+        "max_freshness_s": round(max((f for _, f in freshness if f is not None), default=0), 1),
+        "never_seen_markers": sum(1 for _, f in freshness if f is None),
+        "restart_ready_s": round(ready["at"] - killed, 1) if "at" in ready else None,
+        "lost_s": lost_s,
+        "running_again_s": running_s,
+        "running_on": now_on,
+        "exact": outcome.exact,
+        "problems": outcome.problems,
+        "events_sent": load.sent,
+        # (seconds after the kill the marker was sent, its freshness in seconds) for the chart
+        "markers": [(round(t, 2), round(f, 3)) for t, f in freshness if f is not None],
+    }

@@ -56,6 +56,7 @@ def config_at(run: Path, shift: int) -> StackConfig:
         metrics_ports=(19101 + shift, 19102 + shift, 19103 + shift),
         grpc_ports=(16123 + shift, 16124 + shift, 16125 + shift, 16126 + shift),
         ingest_http_port=18082 + shift,
+        standby_processor_ports=(16127 + shift, 19104 + shift, 14041 + shift),
         zipkin_port=19411 + shift,
         control_token=token_file(run / "control-token"),  # every part talks to the same control
     )

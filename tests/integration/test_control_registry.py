@@ -177,6 +177,38 @@ def test_a_killed_processor_is_lost_when_its_connection_closes_not_a_timeout_lat
         control.stop()
 
 
+def test_a_restarted_control_watches_the_processors_that_go_on_heartbeating(
+    control_redis_url: str, instances: list[FakeInstance], unique: str
+) -> None:
+    """Processors registered with the previous control never register again (their heartbeats stay
+    known): the new control watches them from their first heartbeat, so a crash is still seen at once."""
+    slow = {"heartbeat_timeout_ms": 60_000}
+    first = ControlPlane(control_settings(control_redis_url, **slow))
+    first.start()
+    p: FakeProcessor = start(FakeProcessor(first.grpc_target), instances)
+    first.manager.submit(job_spec(unique), wait_s=5)
+    registered = first.instances.get(p.instance_id)
+    first.stop()
+    second = ControlPlane(control_settings(control_redis_url, grpc_port=first.grpc.port, **slow))
+    second.start()
+    try:
+        beats = p.registration.heartbeats_sent if p.registration else 0
+        wait_until(
+            lambda: p.registration is not None and p.registration.heartbeats_sent > beats + 3,
+            what="heartbeats to the new control",
+        )
+        now = second.instances.get(p.instance_id)
+        assert registered is not None and now is not None
+        assert now.registered_at_ms == registered.registered_at_ms  # never registered again
+        p.crash()
+        wait_until(lambda: health_of(second, p.instance_id) == "lost", timeout_s=10, what="lost at once")
+        lost = second.instances.get(p.instance_id)
+        assert lost is not None and "refuses calls" in lost.lost_reason
+        wait_until(lambda: state(second, unique) == JobState.FAILING, what="its job FAILING")
+    finally:
+        second.stop()
+
+
 def test_a_hung_processor_that_still_serves_is_lost_only_after_the_heartbeat_timeout(
     control_redis_url: str, instances: list[FakeInstance], unique: str
 ) -> None:
@@ -191,7 +223,8 @@ def test_a_hung_processor_that_still_serves_is_lost_only_after_the_heartbeat_tim
         time.sleep(1.5)
         assert health_of(control, p.instance_id) == "alive"
         wait_until(lambda: health_of(control, p.instance_id) == "lost", what="lost after the timeout")
-        assert time.monotonic() - paused >= 3.0
+        # Counted from its last heartbeat, up to one interval (100 ms) before the pause.
+        assert time.monotonic() - paused >= 3.0 - 0.2
         lost = control.instances.get(p.instance_id)
         assert lost is not None and lost.lost_reason == "no heartbeat for over 3000 ms"
     finally:

@@ -28,8 +28,9 @@ from services.processor.metrics import JobMetricsListener
 from services.processor.savepoints import load as load_savepoint
 from services.processor.settings import ProcessorSettings
 from services.processor.versions import split_version
+from services.processor.warmup import warm_up, warmup_spec
 from shared.grpc_server import HealthServedGrpcServer
-from shared.kafka import ensure_topics
+from shared.kafka import admin, ensure_topics
 from shared.proto import streamforge_pb2 as pb
 from shared.proto import streamforge_pb2_grpc as pb_grpc
 from shared.records import WindowResult
@@ -306,3 +307,31 @@ def test_a_checkpoint_another_query_holds_is_not_started_here(
     stub.StopJob(pb.StopJobRequest(job_id=unique), timeout=60)
     elsewhere.acquire()  # stopped: free again
     elsewhere.release()
+
+
+def test_a_warm_up_runs_a_throwaway_job_and_leaves_nothing_behind(
+    spark: SparkSession,  # noqa: F811
+    kafka_bootstrap: str,
+    tmp_path: Path,
+    unique: str,
+) -> None:
+    """A standby's warm-up (services/processor/warmup.py): micro-batches of its own job over its own
+    topic, then its topics and checkpoint are gone and no job is left in Spark."""
+    data = tmp_path / "data"  # not there yet: a processor's first start
+    settings = ProcessorSettings(kafka_bootstrap=kafka_bootstrap, data_dir=str(data), warmup_s=8)
+    tag = unique.replace("_", "-")[:20]
+    spec = warmup_spec(tag)
+    batches = warm_up(spark, settings, tag)
+    assert batches >= 3  # 500 ms trigger over ~8 s, after a first batch of a few seconds
+    assert not [q for q in spark.streams.active if (q.name or "").startswith(spec.id)]
+    assert list(data.iterdir()) == []  # its checkpoint directory removed
+    topics = admin(kafka_bootstrap).list_topics(timeout=10).topics
+    assert spec.source.valid_topic not in topics and spec.output_topic not in topics
+
+
+def test_a_warm_up_that_cannot_reach_kafka_is_given_up_not_raised(
+    spark: SparkSession,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    settings = ProcessorSettings(kafka_bootstrap="127.0.0.1:1", data_dir=str(tmp_path), warmup_s=5)
+    assert warm_up(spark, settings, "nokafka") == 0
