@@ -238,13 +238,21 @@ class JobMetricsListener(StreamingQueryListener):
         self._runs_reported.add(run)
         durations = progress.get("durationMs") or {}
         parts = ", ".join(f"{k} {v}" for k, v in sorted(durations.items(), key=lambda kv: -int(kv[1])))
+        # Inside addBatch: what each stateful operator spent on its state store.
+        state = "; ".join(
+            f"state {op.get('operatorName', '?')}: updates {op.get('allUpdatesTimeMs', '?')} ms, "
+            f"removals {op.get('allRemovalsTimeMs', '?')} ms, commit {op.get('commitTimeMs', '?')} ms"
+            for op in progress.get("stateOperators") or []
+            if isinstance(op, dict)
+        )
         log.info(
-            "job %s: first batch of this run (batch %d, %d rows) took %d ms: %s",
+            "job %s: first batch of this run (batch %d, %d rows) took %d ms: %s%s",
             m.job_id,
             m.batch_id,
             m.input_rows,
             m.batch_duration_ms,
             parts,
+            f"; {state}" if state else "",
         )
 
     @staticmethod
