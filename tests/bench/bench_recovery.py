@@ -14,6 +14,10 @@ on throughout. Two variants:
   services/processor/warmup.py); control learns of the dead processor from its closed connection and
   starts the job on the standby, from the same checkpoint. The restarted processor is the next one.
 
+``SF_BENCH_RECOVERY_VARIANTS=standby`` runs one variant; ``SF_BENCH_RECOVERY_RESTART_DELAY_S=40``
+starts the killed process 40 s later instead of at once (on 2 cores its JVM start competes with
+the takeover).
+
 Per variant:
 - threshold = max(1 s, p99 freshness of the markers of the 20 s before the kill);
 - **fresh again after** = from the kill until the first of 20 consecutive markers (one second of
