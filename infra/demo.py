@@ -6,6 +6,7 @@ printed counts always equal the oracle's. The stack stays up afterwards; `make s
 
 from __future__ import annotations
 
+import os
 import secrets
 import shutil
 import sys
@@ -24,7 +25,14 @@ from infra.datagen import click_events, oracle_window_counts
 from infra.errors import InfraError
 from infra.fetch import kafka_classpath, spark_kafka_jars, zipkin_jar
 from infra.paths import ROOT
-from infra.stack import SERVICES, StackConfig, start_infrastructure, start_services
+from infra.stack import (
+    SERVICES,
+    STANDBY_PROCESSOR,
+    StackConfig,
+    start_infrastructure,
+    start_services,
+    start_standby_processor,
+)
 from shared.jobspec import load_job_spec
 from shared.kafka import ensure_topics
 
@@ -64,6 +72,10 @@ def main() -> int:
         ensure_topics(cfg.bootstrap, [spec.source.topic], partitions=1)
         start_services(cfg, SERVICES, step)
         submit_job(cfg, spec.id)
+        if os.environ.get("SF_DEMO_STANDBY", "").lower() in ("1", "true", "yes"):
+            # It warms up (~40 s) while the demo's data flows, then registers with control.
+            step("starting a standby processor (takes over the job if the processor dies)")
+            start_standby_processor(cfg, wait=False)
     except InfraError as e:
         console.print(f"[bold red]error:[/] {e}")
         return 1
@@ -225,7 +237,8 @@ def print_processes(cfg: StackConfig) -> None:
     table.add_column("process")
     table.add_column("pid", justify="right")
     table.add_column("resident memory", justify="right")
-    for name in ("kafka", "redis", "zipkin", *SERVICES):
+    standby = [STANDBY_PROCESSOR] if procs.is_running(STANDBY_PROCESSOR, cfg.run_dir) else []
+    for name in ("kafka", "redis", "zipkin", *SERVICES, *standby):
         pid = procs.pid_of(name, cfg.run_dir)
         rss = f"{procs.rss_mb(pid):.0f} MiB" if pid else "-"
         table.add_row(name, str(pid or "-"), rss)

@@ -200,14 +200,11 @@ STANDBY_PROCESSOR = "processor-standby"
 STANDBY_WARMUP_S = 30
 
 
-def start_standby_processor(cfg: StackConfig, *, wait: bool = True) -> int:
-    """A second processor beside the stack's own, for fast failover: warm (its JVM and SparkSession
-    up), it takes over the jobs of a processor that dies as soon as control learns of it, where a
-    restarted processor first spends 10-15 s starting Spark. It keeps its own job list but shares the
-    checkpoints and savepoints (the checkpoint lease keeps two copies of a job from running), and runs
-    only what control places on it; control places new jobs on the less loaded of the two."""
+def standby_env(cfg: StackConfig) -> dict[str, str]:
+    """What the standby processor runs with on top of service_env(): its own data dir and ports,
+    the stack's checkpoints and savepoints, no spec files, a warm-up before it registers."""
     grpc_port, metrics_port, ui_port = cfg.standby_processor_ports
-    env = {
+    return {
         "SF_DATA_DIR": str((cfg.data_dir / STANDBY_PROCESSOR).resolve()),
         "SF_PROCESSOR_CHECKPOINT_DIR": str((cfg.data_dir / "checkpoints").resolve()),
         "SF_PROCESSOR_SAVEPOINT_DIR": str((cfg.data_dir / "savepoints").resolve()),
@@ -217,7 +214,16 @@ def start_standby_processor(cfg: StackConfig, *, wait: bool = True) -> int:
         "SF_PROCESSOR_METRICS_PORT": str(metrics_port),
         "SF_PROCESSOR_SPARK_UI_PORT": str(ui_port),
     }
-    pid = start_service(cfg, "processor", env, process=STANDBY_PROCESSOR)
+
+
+def start_standby_processor(cfg: StackConfig, *, wait: bool = True) -> int:
+    """A second processor beside the stack's own, for fast failover: warm (its JVM and SparkSession
+    up, a throwaway job run), it takes over the jobs of a processor that dies as soon as control
+    learns of it, where a restarted processor first spends 10-15 s starting Spark. It keeps its own
+    job list but shares the checkpoints and savepoints (the checkpoint lease keeps two copies of a
+    job from running), and runs only what control places on it; control places new jobs on the less
+    loaded of the two."""
+    pid = start_service(cfg, "processor", standby_env(cfg), process=STANDBY_PROCESSOR)
     if wait:
         wait_process_ready(cfg, STANDBY_PROCESSOR, standby_metrics_url(cfg))
     return pid

@@ -14,6 +14,7 @@ from infra.__main__ import main as cli_main
 from infra.errors import InfraError
 from infra.kafka_broker import KafkaBroker, new_cluster_id
 from infra.redis_server import RedisServer
+from infra.stack import STANDBY_PROCESSOR, StackConfig, service_env, standby_env
 
 # ---------------------------------------------------------------------------------------------- fetch
 
@@ -386,3 +387,31 @@ def test_cli_status_shows_the_run_dirs_below_with_processes(
         assert "ingest" in out and str(pid) in out
     finally:
         procs.stop_process("ingest", demo, timeout_s=5)
+
+
+def test_the_standby_processor_shares_checkpoints_but_nothing_else(tmp_path: Path) -> None:
+    cfg = StackConfig(run_dir=tmp_path / "stack")
+    primary, standby = service_env(cfg), {**service_env(cfg), **standby_env(cfg)}
+    data = Path(primary["SF_DATA_DIR"])
+    # The primary's checkpoints and savepoints are the defaults under its data dir: the standby's
+    # explicit ones must be those very directories.
+    assert Path(standby["SF_PROCESSOR_CHECKPOINT_DIR"]) == data / "checkpoints"
+    assert Path(standby["SF_PROCESSOR_SAVEPOINT_DIR"]) == data / "savepoints"
+    assert Path(standby["SF_DATA_DIR"]) == data / STANDBY_PROCESSOR  # its own job list
+    taken = {
+        cfg.kafka_port,
+        cfg.controller_port,
+        cfg.redis_port,
+        cfg.control_port,
+        cfg.spark_ui_port,
+        cfg.ingest_http_port,
+        cfg.zipkin_port,
+        *cfg.metrics_ports,
+        *cfg.grpc_ports,
+    }
+    ports = {
+        int(standby[k])
+        for k in ("SF_PROCESSOR_GRPC_PORT", "SF_PROCESSOR_METRICS_PORT", "SF_PROCESSOR_SPARK_UI_PORT")
+    }
+    assert len(ports) == 3 and not ports & taken
+    assert standby["SF_PROCESSOR_JOB_SPECS"] == "[]" and float(standby["SF_PROCESSOR_WARMUP_S"]) > 0
