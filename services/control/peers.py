@@ -63,26 +63,35 @@ class Peers:
     def stream_config(self, target: str) -> pb_grpc.StreamConfigStub:
         return pb_grpc.StreamConfigStub(self.channel(target))
 
+    def _check(
+        self, target: str, expected: str | None, timeout_s: float
+    ) -> health_pb2.HealthCheckResponse | grpc.RpcError:
+        """One grpc.health.v1 Check of the server as a whole: its answer, or the call's error."""
+        stub = health_pb2_grpc.HealthStub(self.channel(target, expected))
+        try:
+            return stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
+        except grpc.RpcError as e:
+            return e
+
     def check_health(self, target: str, timeout_s: float) -> str:
         """The instance's grpc.health.v1 status: SERVING, NOT_SERVING, ... or UNREACHABLE."""
-        stub = health_pb2_grpc.HealthStub(self.channel(target))
-        try:
-            reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
-        except grpc.RpcError as e:
-            code = code_of(e)
-            return "UNIMPLEMENTED" if code == grpc.StatusCode.UNIMPLEMENTED else "UNREACHABLE"
+        reply = self._check(target, None, timeout_s)
+        if isinstance(reply, grpc.RpcError):
+            return "UNIMPLEMENTED" if code_of(reply) == grpc.StatusCode.UNIMPLEMENTED else "UNREACHABLE"
         return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
 
     def refused(self, target: str, expected: str | None, timeout_s: float) -> str | None:
         """Why a health check of ``target`` failed UNAVAILABLE (nothing accepts connections there, or
         its TLS handshake fails); None when it answered, or failed otherwise (a slow network: the
         heartbeat timeout decides then)."""
-        stub = health_pb2_grpc.HealthStub(self.channel(target, expected))
-        try:
-            stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
-        except grpc.RpcError as e:
-            return describe(e) if code_of(e) == grpc.StatusCode.UNAVAILABLE else None
+        reply = self._check(target, expected, timeout_s)
+        if isinstance(reply, grpc.RpcError) and code_of(reply) == grpc.StatusCode.UNAVAILABLE:
+            return describe(reply)
         return None
+
+    def watching(self, target: str, expected: str | None) -> bool:
+        with self._lock:
+            return (target, expected) in self._watches
 
     def watch(self, target: str, expected: str | None, on_drop: Callable[[], None]) -> None:
         """Connect to ``target`` now and call ``on_drop`` (on a gRPC thread: it must not block) each

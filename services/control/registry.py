@@ -10,7 +10,6 @@ a job it resumed by itself, and a stop for a copy it should not run (through ``d
 from __future__ import annotations
 
 import logging
-import threading
 
 from services.control.context import ControlContext
 from services.control.dispatch import Dispatcher
@@ -40,8 +39,6 @@ class Registry:
         self.dispatch = dispatch
         # Instances were heartbeating to a previous control: give them a full timeout to find us.
         self.started_ms = ctx.clock()
-        self._watched: set[str] = set()  # processors whose connection is watched (Peers.watch)
-        self._lock = threading.Lock()
 
     # --- called by the gRPC Registry servicer ----------------------------------------------------------
     def register(self, instance: pb.ServiceInstance) -> int:
@@ -107,11 +104,9 @@ class Registry:
         (Peers.watch), not only from a heartbeat timeout."""
         if record.service != "processor" or not self.ctx.settings.fast_loss_detection:
             return
+        if not again and self.ctx.peers.watching(record.target, "processor"):
+            return
         iid = record.instance_id
-        with self._lock:
-            if iid in self._watched and not again:
-                return
-            self._watched.add(iid)
 
         def recheck() -> None:
             self.dispatch.recheck(iid, self.lose_refused)
@@ -124,8 +119,6 @@ class Registry:
             return
         self.ctx.instances.delete(instance_id)
         self.ctx.peers.forget(record.target)
-        with self._lock:
-            self._watched.discard(instance_id)
         log.info("%s %s deregistered", record.service, instance_id)
         self.ctx.wake()
 
@@ -142,8 +135,6 @@ class Registry:
                     live[inst.instance_id] = inst
             elif now - inst.lost_at_ms > self.ctx.settings.lost_retention_ms:
                 self.ctx.instances.delete(inst.instance_id)
-                with self._lock:
-                    self._watched.discard(inst.instance_id)
         return live
 
     def _mark_lost(self, instance_id: str, now: int, silent_ms: int) -> None:
@@ -161,6 +152,7 @@ class Registry:
         record = self.ctx.instances.update(instance_id, lose)
         if record is not None and record.health == "lost":
             log.warning("%s %s lost: no heartbeat for %d ms", record.service, instance_id, silent_ms)
+            self._close_channels(record)
 
     def lose_refused(self, instance_id: str, why: str) -> None:
         """Its connection dropped and its address refuses a new one: the process is gone. Lost now,
@@ -182,7 +174,17 @@ class Registry:
                 reason,
                 now - record.last_heartbeat_ms,
             )
+            self._close_channels(record)
             self.ctx.wake()
+
+    def _close_channels(self, lost: InstanceRecord) -> None:
+        """Close the channels (and end the connection watch) to a lost instance's address, unless a
+        live instance serves there now; one that comes back registers again and gets fresh ones."""
+        if not any(
+            i.health == "alive" and i.target == lost.target and i.instance_id != lost.instance_id
+            for i in self.ctx.instances.list()
+        ):
+            self.ctx.peers.forget(lost.target)
 
     # --- what a processor's heartbeat says about the jobs -----------------------------------------------
     def _apply_reports(self, processor: InstanceRecord, reported: list[pb.JobStatus], now: int) -> None:

@@ -138,11 +138,9 @@ def measure(cfg: StackConfig, variant: str) -> dict[str, Any]:
                 time.sleep(RESTART_DELAY_S)
                 if victim == STANDBY_PROCESSOR:
                     start_standby_processor(cfg, wait=False)
-                else:
-                    start_service(cfg, "processor")
-                if victim == STANDBY_PROCESSOR:
                     wait_process_ready(cfg, victim, standby_metrics_url(cfg), AFTER_MAX_S)
                 else:
+                    start_service(cfg, "processor")
                     wait_service_ready(cfg, "processor", timeout_s=AFTER_MAX_S)
                 ready["at"] = time.time()
 

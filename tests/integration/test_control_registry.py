@@ -167,6 +167,8 @@ def test_a_killed_processor_is_lost_when_its_connection_closes_not_a_timeout_lat
         lost = control.instances.get(first.instance_id)
         assert lost is not None and lost.health == "lost"
         assert "refuses calls" in lost.lost_reason and "UNAVAILABLE" in lost.lost_reason
+        # Its channel closed, and with it the connection watch's polling thread.
+        assert not control.peers.watching(f"127.0.0.1:{first.port}", "processor")
         wait_until(lambda: state(control, unique) == JobState.RUNNING, what="RUNNING on the standby")
         moved = control.jobs.get(unique)
         assert moved is not None and moved.processor == standby.instance_id and moved.recoveries == 1
