@@ -12,22 +12,37 @@ on a key of its own (tests/bench/markers.py):
   so the last markers arrive under the same load);
 - freshness of a marker = Redis keyspace notification of its window hash's first write (received
   by this process) - the marker's send time; p50/p95/p99/max over the markers sent during the 30 s;
+- per stage (tests/bench/markers.py `stage_breakdown`): p50/p95/p99 of the markers' time to
+  `.valid` (ingest), from there to their window's update in the output topic (processor, with
+  ingest's transaction commit) and from there to Redis (sink), from the records' CreateTimes;
 - CPU per process during the measurement (tests/bench/probe.py);
 - checked: after the load stops, every window in Redis equals the count of events sent to it.
+
+``SF_BENCH_FRESHNESS_MODES=real_time_30s`` measures only the modes named (comma-separated).
 """
 
 from __future__ import annotations
 
+import os
+import time
 import uuid
 from typing import Any
 
 import redis
 
 from infra.stack import StackConfig
+from shared import constants
 from shared.jobspec import JobSpec
 from shared.kafka import ensure_topics
 from tests.bench import workload
-from tests.bench.markers import Load, MarkerWatch, percentiles_ms
+from tests.bench.markers import (
+    MARKER_PREFIX,
+    Load,
+    MarkerWatch,
+    first_timestamps,
+    percentiles_ms,
+    stage_breakdown,
+)
 from tests.bench.probe import StageProbe
 from tests.bench.stack import Control, SpecRefused, services_up
 
@@ -66,6 +81,7 @@ def measure_mode(cfg: StackConfig, control: Control, client: redis.Redis, mode: 
         "trigger_interval_ms": JobSpec.model_validate(spec).trigger_interval,
         "points": {},
     }
+    since_ms = int(time.time() * 1000)
     try:
         load = Load(cfg.bootstrap, job_id)
         with MarkerWatch(cfg.redis_url, job_id) as watch:
@@ -78,17 +94,30 @@ def measure_mode(cfg: StackConfig, control: Control, client: redis.Redis, mode: 
                 load.run(rate, TAIL_S, MARKERS_PER_S)
                 out["points"][str(rate)] = {"markers": len(markers), "cores": probe.cores(), "probe": markers}
             outcome = load.wait_exact(client, job_id)
+            output_prefix = f"{job_id}|".encode()
+            valid = first_timestamps(cfg.bootstrap, constants.valid_topic(job_id), since_ms, _marker_key)
+            output = first_timestamps(
+                cfg.bootstrap,
+                JobSpec.model_validate(spec).output_topic,
+                since_ms,
+                lambda k: _marker_key(k[len(output_prefix) :]) if k.startswith(output_prefix) else None,
+            )
             for point in out["points"].values():
                 sent = point.pop("probe")
                 seen = [f for f in map(watch.freshness, sent) if f is not None]
                 point.update(percentiles_ms(seen))
                 point["lost"] = len(sent) - len(seen)
+                point["stages"] = stage_breakdown(sent, watch, valid, output)
         out["exact"] = outcome.exact
         out["problems"] = outcome.problems
         out["events_sent"] = load.sent
     finally:
         control.cancel(job_id)
     return out
+
+
+def _marker_key(key: bytes) -> str | None:
+    return key.decode() if key.startswith(MARKER_PREFIX.encode()) else None
 
 
 def warm_up(cfg: StackConfig, control: Control) -> None:
@@ -113,5 +142,6 @@ def main() -> dict[str, Any]:
     }
     with Control(cfg) as control:
         warm_up(cfg, control)
-        out["modes"] = {mode: measure_mode(cfg, control, client, mode) for mode in MODES}
+        modes = os.environ.get("SF_BENCH_FRESHNESS_MODES", ",".join(MODES)).split(",")
+        out["modes"] = {mode: measure_mode(cfg, control, client, mode) for mode in modes}
     return out

@@ -7,6 +7,11 @@ window hashes: the sink's upsert is a Redis Function whose HSET emits an ``hset`
 (``notify-keyspace-events Kh``), published the moment the write is applied. A marker's freshness
 is the receive time of the first notification for its window minus the time it was sent, both
 read from this process's wall clock.
+
+``first_timestamps`` splits that time into stages after the fact: the CreateTime of each marker's
+first record in ``<topic>.valid`` (set when ingest produced it) and in the job's output topic (set
+when the processor's Kafka sink sent the window's update), read back once the load is over so the
+measurement itself adds no consumer to the machine.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from dataclasses import dataclass
 
 import orjson
 import redis
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from shared import constants
 from tests.bench import workload
@@ -152,6 +157,69 @@ class MarkerWatch:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def first_timestamps(
+    bootstrap: str, topic: str, since_ms: int, key_of: Callable[[bytes], str | None]
+) -> dict[str, float]:
+    """Per marker key: the CreateTime (s) of its first record in ``topic`` produced since ``since_ms``.
+
+    ``key_of`` maps a record's key to the marker key it is about (None: not a marker's record).
+    Reads every partition from ``since_ms`` to the end offsets it had when called.
+    """
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"bench-stages-{time.time_ns()}",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
+    try:
+        metadata = consumer.list_topics(topic, timeout=10).topics[topic]
+        parts = [TopicPartition(topic, p, since_ms) for p in metadata.partitions]
+        starts = consumer.offsets_for_times(parts, timeout=10)
+        ends = {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+            for p in metadata.partitions
+        }
+        todo = {tp.partition for tp in starts if 0 <= tp.offset < ends[tp.partition]}
+        consumer.assign([tp for tp in starts if tp.partition in todo])
+        first: dict[str, float] = {}
+        deadline = time.monotonic() + 120
+        while todo and time.monotonic() < deadline:
+            for msg in consumer.consume(num_messages=10_000, timeout=1.0):
+                error = msg.error()
+                if error is not None:  # the end (a transaction's last offset is its marker)
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        todo.discard(msg.partition())
+                    continue
+                partition, offset = msg.partition(), msg.offset()
+                if offset is not None and offset + 1 >= ends[partition]:
+                    todo.discard(partition)
+                marker = key_of(msg.key() or b"")
+                if marker is not None and marker not in first:
+                    first[marker] = msg.timestamp()[1] / 1000
+        return first
+    finally:
+        consumer.close()
+
+
+def stage_breakdown(
+    markers: list[Marker], watch: MarkerWatch, valid: dict[str, float], output: dict[str, float]
+) -> dict[str, dict[str, float]]:
+    """Percentiles of each stage's share of the markers' freshness: ingest (sent -> produced to
+    ``.valid``), processor (-> its window update produced to the output topic; includes ingest's
+    transaction commit, before which the processor cannot read it) and sink (-> written to Redis)."""
+    stages: dict[str, list[float]] = {"ingest": [], "processor": [], "sink": []}
+    for m in markers:
+        seen = watch.seen.get(m.key)
+        if seen is None or m.key not in valid or m.key not in output:
+            continue
+        stages["ingest"].append(valid[m.key] - m.sent)
+        stages["processor"].append(output[m.key] - valid[m.key])
+        stages["sink"].append(seen - output[m.key])
+    return {stage: percentiles_ms(values) for stage, values in stages.items()}
 
 
 def percentiles_ms(values: list[float]) -> dict[str, float]:

@@ -26,7 +26,7 @@ from services.control.settings import ControlSettings
 from services.sink.app import Sink
 from services.sink.grpc_server import grpc_services
 from services.sink.settings import SinkSettings
-from services.sink.store import LIBRARY, ResultStore
+from services.sink.store import LIBRARY, UPSERT_FUNCTION, ResultStore
 from shared import constants
 from shared.grpc_server import HealthServedGrpcServer
 from shared.kafka import ensure_topics
@@ -224,6 +224,27 @@ def test_the_function_is_loaded_again_when_redis_lost_it(redis_client: redis.Red
     redis_client.function_delete(LIBRARY)
     assert store.upsert([update(unique, "a", 0, 2, 20)]) == 1
     assert redis_state(redis_client, unique) == {("a", 0): (2, 20)}
+
+
+def test_a_sink_of_the_previous_release_still_writes_through_the_reloaded_library(
+    redis_client: redis.Redis, unique: str
+) -> None:
+    """A rolling upgrade: the new sink loads the library (batched function); an old sink's per-window
+    function must still be in it, and both must keep honouring each other's versions."""
+    store = ResultStore(redis_client)
+    store.upsert([update(unique, "a", 0, 2, 20)])
+    keys = [
+        constants.redis_window_key(unique, "a", 0),
+        constants.redis_window_index_key(unique, "a"),
+        constants.redis_job_keys_key(unique),
+    ]
+    old_sink = [1, 0, "a", 0, 0, "job_id", unique, "key", "a", "window_start", 0, "window_end", 1_000]
+    old_sink += ["final", "0", "updated_at_ms", 1, "count", "10"]
+    assert redis_client.fcall(UPSERT_FUNCTION, 3, *keys, *old_sink) == 0  # version 1 < 2: stale
+    old_sink[0] = 3
+    assert redis_client.fcall(UPSERT_FUNCTION, 3, *keys, *old_sink) == 1
+    assert store.write([update(unique, "a", 0, 3, 30)]).stale == [0]
+    assert redis_state(redis_client, unique) == {("a", 0): (3, 10)}
 
 
 # --- the sink ----------------------------------------------------------------------------------------
