@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import re
 
+import orjson
 import pytest
 
 from shared.errors import SpecError
@@ -132,8 +133,6 @@ def spec_dict(**changes: object) -> dict[str, object]:
 
 
 def parse(**changes: object) -> JobSpec:
-    import orjson
-
     return parse_job_spec(orjson.dumps(spec_dict(**changes)))
 
 
@@ -227,7 +226,7 @@ def test_job_kinds_and_their_sources() -> None:
     with pytest.raises(SpecError, match="stateless job: it has no window"):
         _ = stateless.window
     realtime = parse(window=None, output_topic="o", trigger_mode="real_time", trigger_interval="5s")
-    assert realtime.trigger_mode == "real_time"
+    assert (realtime.trigger_mode, realtime.trigger_interval) == ("real_time", 5_000)
     dedup = parse(window=None, dedup={"fields": ["page"]}, output_topic="o")
     assert dedup.kind == "dedup"
     right = {
@@ -360,3 +359,10 @@ def test_a_logged_redis_url_never_shows_its_password() -> None:
     assert redacted_url("redis://sink:s3cret@127.0.0.1:6379/0") == "redis://sink:***@127.0.0.1:6379/0"
     assert redacted_url("redis://:s3cret@localhost/1") == "redis://:***@localhost/1"
     assert redacted_url("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
+
+
+def test_a_real_time_job_without_a_trigger_interval_checkpoints_every_30_s_not_every_second() -> None:
+    spec = spec_dict()
+    spec.pop("trigger_interval", None)
+    assert parse_job_spec(orjson.dumps({**spec, "trigger_mode": "real_time"})).trigger_interval == 30_000
+    assert parse_job_spec(orjson.dumps(spec)).trigger_interval == 1_000  # micro-batch: unchanged
