@@ -195,23 +195,36 @@ def _freshness_md(part: Part | None) -> list[str]:
     if part is None or "error" in part:
         return [*out, "not run" if part is None else f"failed: {part['error']}", ""]
     out += [
-        "| mode | events/s | p50 | p95 | p99 | max | markers | checked |",
-        "|---|---:|---:|---:|---:|---:|---:|---|",
+        "| mode | events/s | p50 | p95 | p99 | max | ingest p50 / p99 | processor p50 / p99 | "
+        "sink p50 / p99 | markers | checked |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for mode, m in part.get("modes", {}).items():
         label = mode.replace("_", "-")
         if not m.get("available"):
-            out.append(f"| {label} | - | not available: {m.get('reason', '?')} | | | | | |")
+            out.append(f"| {label} | - | not available: {m.get('reason', '?')} | | | | | | | | |")
             continue
         label += f" (trigger {m.get('trigger_interval_ms')} ms)"
         for rate, p in m.get("points", {}).items():
             checked = "exact" if m.get("exact") else "**NOT exact**"
             if p.get("lost"):
                 checked += f", {p['lost']} markers never seen"
+            stages = p.get("stages") or {}
+            split = " | ".join(
+                f"{_ms(stages.get(s, {}).get('p50_ms'))} / {_ms(stages.get(s, {}).get('p99_ms'))}"
+                for s in ("ingest", "processor", "sink")
+            )
             out.append(
                 f"| {label} | {int(rate):,} | {_ms(p.get('p50_ms'))} | {_ms(p.get('p95_ms'))} | "
-                f"{_ms(p.get('p99_ms'))} | {_ms(p.get('max_ms'))} | {p.get('markers', 0)} | {checked} |"
+                f"{_ms(p.get('p99_ms'))} | {_ms(p.get('max_ms'))} | {split} | "
+                f"{p.get('markers', 0)} | {checked} |"
             )
+    out += [
+        "",
+        "Stages, from the markers' Kafka CreateTimes: ingest = sent → produced to `.valid`; processor = "
+        "→ its window's update produced to the output topic (with ingest's transaction commit); sink = "
+        "→ written to Redis (with the output topic's delivery).",
+    ]
     return [*out, ""]
 
 
