@@ -15,6 +15,7 @@ import random
 import statistics
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -239,3 +240,36 @@ def test_windows_match_the_oracle(name: str, ran_cases: dict[str, Case], kafka_b
     assert 0 < dropped <= oracle.late_pairs
     assert sum(m.malformed_rows for m in progress) == (len(MALFORMED) if name == "tumbling-update" else 0)
     assert progress[-1].watermark_ms == oracle.final_watermark_ms
+
+
+def test_a_micro_batch_job_compiles_its_plan_once_not_every_batch(
+    spark: SparkSession,  # noqa: F811
+    kafka_bootstrap: str,
+    tmp_path: Path,
+) -> None:
+    """Generated code that changes every batch is compiled again every batch (Janino) and then by
+    the JIT, at ~0.4 of a core: the batch's result version must not be inlined as a number. What may
+    still compile per batch is Spark's own watermark predicate, one small class."""
+    spec = spec_for(f"cg{uuid.uuid4().hex[:8]}", {"type": "tumbling", "size": "5s"}, "on_update")
+    ensure_topics(kafka_bootstrap, [spec.source.valid_topic, spec.output_topic], partitions=2)
+    rounds = make_rounds(spec, seed=7, n_rounds=6)
+    codegen = spark._jvm.org.apache.spark.metrics.source.CodegenMetrics  # type: ignore[union-attr]
+    query = start_query(spark, spec, kafka_bootstrap, str(tmp_path / "ckpt"), max_offsets=100_000, epoch=1)
+    try:
+        compiled_at: list[tuple[int, int]] = []  # (last batch id, compilations so far)
+        for events in rounds:
+            produce_keyed(
+                kafka_bootstrap,
+                spec.source.valid_topic,
+                ((str(e["k"]).encode(), orjson.dumps(e)) for e in events),
+            )
+            query.processAllAvailable()
+            last = query.lastProgress
+            assert last is not None
+            compiled_at.append((int(last["batchId"]), int(codegen.METRIC_COMPILATION_TIME().getCount())))
+    finally:
+        query.stop()
+    # The first two rounds compile the plan; over the later ones, at most one class per batch.
+    (first_batch, first_count), (last_batch, last_count) = compiled_at[1], compiled_at[-1]
+    assert last_batch - first_batch >= 4
+    assert last_count - first_count <= last_batch - first_batch, compiled_at
