@@ -12,6 +12,8 @@ consumer can drop the duplicates an at-least-once replay may write.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -37,6 +39,7 @@ from shared.jobspec import (
     Source,
     percentile_suffix,
 )
+from shared.kafka import partition_count
 from shared.tracing import TRACEPARENT
 
 _SPARK_TYPES: dict[FieldType, T.DataType] = {
@@ -372,13 +375,8 @@ def start_query(
         # A real-time batch runs every task of every stage at once, for the whole batch: one task
         # slot per source partition plus one per shuffle partition. One shuffle partition keeps that
         # to (source partitions + 1); the number is fixed in the checkpoint at the first start.
-        shuffle = "spark.sql.shuffle.partitions"
-        previous = spark.conf.get(shuffle)
-        spark.conf.set(shuffle, str(REAL_TIME_SHUFFLE_PARTITIONS))
-        try:
+        with _shuffle_partitions(spark, REAL_TIME_SHUFFLE_PARTITIONS):
             return writer.start()
-        finally:
-            spark.conf.set(shuffle, previous or "200")
 
     def write_batch(batch: DataFrame, batch_id: int) -> None:
         selected = batch if condition is None else batch.where(condition)
@@ -390,4 +388,35 @@ def start_query(
             .save()
         )
 
-    return writer.foreachBatch(write_batch).start()
+    with _shuffle_partitions(spark, state_partitions(spark, spec, bootstrap)):
+        return writer.foreachBatch(write_batch).start()
+
+
+SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
+
+
+def state_partitions(spark: SparkSession, spec: JobSpec, bootstrap: str) -> int:
+    """A micro-batch job's state partitions: as many as its sources have, at most the session's
+    setting (``SF_PROCESSOR_SHUFFLE_PARTITIONS``).
+
+    Each is a task and a state store per batch, committed every batch: on a one-partition topic, a
+    second one doubles that fixed cost (Spark alone, 10,000 events/s, 1 s trigger: state commits
+    99 -> 28 ms and batches 533 -> 484 ms at the median with one) while its batch's first stage reads
+    that one partition in one task anyway. Like Kafka Streams' tasks, parallelism follows the topic.
+    Spark keeps the number a query started with in its checkpoint, so a job that resumes keeps its own.
+    """
+    configured = int(spark.conf.get(SHUFFLE_PARTITIONS) or "200")
+    most = max(partition_count(bootstrap, source.valid_topic) for source in spec.sources)
+    return min(configured, most) if most > 0 else configured
+
+
+@contextmanager
+def _shuffle_partitions(spark: SparkSession, partitions: int) -> Iterator[None]:
+    """The session's shuffle partitions for a query started inside (a query copies the session's
+    settings when it starts; the caller holds the processor's command lock)."""
+    previous = spark.conf.get(SHUFFLE_PARTITIONS)
+    spark.conf.set(SHUFFLE_PARTITIONS, str(partitions))
+    try:
+        yield
+    finally:
+        spark.conf.set(SHUFFLE_PARTITIONS, previous or "200")

@@ -25,7 +25,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from infra.datagen import WindowOracle, oracle_windows, rank_error
 from services.processor.metrics import metrics_from_progress
-from services.processor.query import start_query
+from services.processor.query import SHUFFLE_PARTITIONS, start_query, state_partitions
 from services.processor.versions import split_version
 from shared.jobspec import JobSpec
 from shared.kafka import ensure_topics
@@ -273,3 +273,32 @@ def test_a_micro_batch_job_compiles_its_plan_once_not_every_batch(
     (first_batch, first_count), (last_batch, last_count) = compiled_at[1], compiled_at[-1]
     assert last_batch - first_batch >= 4
     assert last_count - first_count <= last_batch - first_batch, compiled_at
+
+
+def test_a_micro_batch_job_has_as_many_state_partitions_as_its_topic_at_most_the_setting(
+    spark: SparkSession,  # noqa: F811
+    kafka_bootstrap: str,
+    tmp_path: Path,
+) -> None:
+    configured = int(spark.conf.get(SHUFFLE_PARTITIONS) or "200")
+    assert configured >= 2, "the shared session must allow more than one state partition"
+    for partitions, expected in ((1, 1), (configured + 1, configured)):
+        spec = spec_for(f"sp{uuid.uuid4().hex[:8]}", {"type": "tumbling", "size": "5s"}, "on_update")
+        ensure_topics(kafka_bootstrap, [spec.source.valid_topic], partitions=partitions)
+        ensure_topics(kafka_bootstrap, [spec.output_topic], partitions=1)
+        assert state_partitions(spark, spec, kafka_bootstrap) == expected
+        query = start_query(spark, spec, kafka_bootstrap, str(tmp_path / spec.id), max_offsets=100_000)
+        try:
+            events = make_rounds(spec, seed=11, n_rounds=1)[0]
+            produce_keyed(
+                kafka_bootstrap,
+                spec.source.valid_topic,
+                ((str(e["k"]).encode(), orjson.dumps(e)) for e in events),
+            )
+            query.processAllAvailable()
+            progress = query.lastProgress
+            assert progress is not None
+            assert [op["numShufflePartitions"] for op in progress["stateOperators"]] == [expected]
+        finally:
+            query.stop()
+        assert spark.conf.get(SHUFFLE_PARTITIONS) == str(configured)  # the session's own, restored
