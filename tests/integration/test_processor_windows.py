@@ -242,6 +242,19 @@ def test_windows_match_the_oracle(name: str, ran_cases: dict[str, Case], kafka_b
     assert progress[-1].watermark_ms == oracle.final_watermark_ms
 
 
+def run_batch(
+    query: StreamingQuery, bootstrap: str, spec: JobSpec, events: list[dict[str, object]]
+) -> dict[str, Any]:
+    """Produce ``events`` to the job's `.valid`, let the query take them; its last progress."""
+    produce_keyed(
+        bootstrap, spec.source.valid_topic, ((str(e["k"]).encode(), orjson.dumps(e)) for e in events)
+    )
+    query.processAllAvailable()
+    progress = query.lastProgress
+    assert progress is not None
+    return dict(progress)
+
+
 def test_a_micro_batch_job_compiles_its_plan_once_not_every_batch(
     spark: SparkSession,  # noqa: F811
     kafka_bootstrap: str,
@@ -258,14 +271,7 @@ def test_a_micro_batch_job_compiles_its_plan_once_not_every_batch(
     try:
         compiled_at: list[tuple[int, int]] = []  # (last batch id, compilations so far)
         for events in rounds:
-            produce_keyed(
-                kafka_bootstrap,
-                spec.source.valid_topic,
-                ((str(e["k"]).encode(), orjson.dumps(e)) for e in events),
-            )
-            query.processAllAvailable()
-            last = query.lastProgress
-            assert last is not None
+            last = run_batch(query, kafka_bootstrap, spec, events)
             compiled_at.append((int(last["batchId"]), int(codegen.METRIC_COMPILATION_TIME().getCount())))
     finally:
         query.stop()
@@ -289,15 +295,7 @@ def test_a_micro_batch_job_has_as_many_state_partitions_as_its_topic_at_most_the
         assert state_partitions(spark, spec, kafka_bootstrap) == expected
         query = start_query(spark, spec, kafka_bootstrap, str(tmp_path / spec.id), max_offsets=100_000)
         try:
-            events = make_rounds(spec, seed=11, n_rounds=1)[0]
-            produce_keyed(
-                kafka_bootstrap,
-                spec.source.valid_topic,
-                ((str(e["k"]).encode(), orjson.dumps(e)) for e in events),
-            )
-            query.processAllAvailable()
-            progress = query.lastProgress
-            assert progress is not None
+            progress = run_batch(query, kafka_bootstrap, spec, make_rounds(spec, seed=11, n_rounds=1)[0])
             assert [op["numShufflePartitions"] for op in progress["stateOperators"]] == [expected]
         finally:
             query.stop()
