@@ -12,6 +12,8 @@ VALID_SUFFIX = ".valid"
 DLQ_SUFFIX = ".dlq"
 LATE_SUFFIX = ".late"
 DEFAULT_AGGREGATES_TOPIC = "aggregates"
+# Job ids a processor gives its own warm-up job (services/processor/warmup.py); control refuses them.
+WARMUP_JOB_PREFIX = "sf-warmup-"
 
 
 def valid_topic(raw_topic: str) -> str:

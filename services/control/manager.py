@@ -26,13 +26,14 @@ from typing import Any
 
 from services.control.context import ControlContext
 from services.control.dispatch import Dispatcher, active_specs, specs_digest, wait
-from services.control.errors import ControlError, JobConflict, JobNotFound, PathRefused
+from services.control.errors import ControlError, JobConflict, JobNotFound, PathRefused, SpecRejected
 from services.control.metrics import CONTROL_INSTANCES, CONTROL_JOBS
 from services.control.peers import Peers
 from services.control.registry import SERVICES, Registry
 from services.control.settings import ControlSettings
 from services.control.store import InstanceRecord, InstanceStore, JobRecord, JobStore
 from services.control.transitions import Transitions
+from shared import constants
 from shared.clock import Clock, wall_clock_ms
 from shared.jobspec import JobSpec, spec_from_json
 from shared.jobstate import ACTIVE_STATES, JobState
@@ -111,6 +112,12 @@ class JobManager:
         """Store the job (CREATED) and start it; ``trusted_savepoint``: the path came from a processor."""
         if not trusted_savepoint:
             self.check_savepoint_path(from_savepoint, "from_savepoint")
+        if spec.id.startswith(constants.WARMUP_JOB_PREFIX):
+            # A processor hides such a query's metrics and drops its topics and checkpoint after.
+            raise SpecRejected(
+                f"id: job ids starting with {constants.WARMUP_JOB_PREFIX!r} are reserved for the "
+                "processors' own warm-up job; pick another id"
+            )
         self.check_output_topic(spec)
         self.transitions.create(spec, from_savepoint)
         wait(self.dispatch.start_job(spec.id), wait_s)

@@ -28,6 +28,7 @@ from prometheus_client import Counter, Gauge
 from pyspark.sql.streaming import StreamingQueryListener
 
 from services.processor.tracing import SPARK_OBSERVATION, spark_progress_times
+from shared import constants
 from shared.clock import wall_clock_ms
 from shared.metrics import (
     CHECKPOINT_DURATION,
@@ -42,7 +43,7 @@ from shared.tracing import record_batch_span
 
 log = logging.getLogger(__name__)
 # Queries named so are a processor's warm-up (warmup.py): no metrics, no spans.
-WARMUP_JOB_PREFIX = "sf-warmup-"
+WARMUP_JOB_PREFIX = constants.WARMUP_JOB_PREFIX
 SERVICE = "processor"
 
 INPUT_ROWS_PER_SECOND = Gauge(

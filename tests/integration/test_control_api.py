@@ -145,6 +145,14 @@ def test_wrong_media_type_is_415_and_an_oversized_spec_413(api: TestClient, uniq
     assert resp.status_code == 413
 
 
+def test_a_job_id_of_the_processors_warm_up_is_reserved(api: TestClient, unique: str) -> None:
+    job_id = f"sf-warmup-{unique}"[:63]
+    resp = api.post("/jobs", json=spec(job_id), headers=auth())
+    assert resp.status_code == 422, resp.text
+    assert "reserved for the processors' own warm-up job" in resp.json()["detail"]
+    assert api.get(f"/jobs/{job_id}", headers=auth()).status_code == 404
+
+
 def test_yaml_nested_deeper_than_a_spec_is_422_not_500(api: TestClient, unique: str) -> None:
     body = f"id: {unique}\nsource: " + "[" * 5000 + "]" * 5000
     resp = api.post("/jobs", content=body, headers={**auth(), "Content-Type": "application/yaml"})
