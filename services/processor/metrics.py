@@ -42,8 +42,6 @@ from shared.metrics import (
 from shared.tracing import record_batch_span
 
 log = logging.getLogger(__name__)
-# Queries named so are a processor's warm-up (warmup.py): no metrics, no spans.
-WARMUP_JOB_PREFIX = constants.WARMUP_JOB_PREFIX
 SERVICE = "processor"
 
 INPUT_ROWS_PER_SECOND = Gauge(
@@ -220,8 +218,8 @@ class JobMetricsListener(StreamingQueryListener):
     def onQueryProgress(self, event: Any) -> None:
         try:
             progress = orjson.loads(event.progress.json)
-            if str(progress.get("name") or "").startswith(WARMUP_JOB_PREFIX):
-                return  # the warm-up's throwaway job (warmup.py) is nobody's metrics
+            if str(progress.get("name") or "").startswith(constants.WARMUP_JOB_PREFIX):
+                return  # the warm-up's throwaway job (warmup.py): no metrics, no spans
             m = metrics_from_progress(progress)
             self.record(m)
             self._log_first_batch(progress, m)

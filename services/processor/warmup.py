@@ -30,9 +30,9 @@ from pathlib import Path
 from confluent_kafka import KafkaException, Producer
 from pyspark.sql import SparkSession
 
-from services.processor.metrics import WARMUP_JOB_PREFIX
 from services.processor.query import start_query
 from services.processor.settings import ProcessorSettings
+from shared import constants
 from shared.jobspec import JobSpec
 from shared.kafka import admin, ensure_topics
 
@@ -46,7 +46,7 @@ def warmup_spec(tag: str) -> JobSpec:
     """A tumbling-window job with the common aggregations over the warm-up topic."""
     return JobSpec.model_validate(
         {
-            "id": f"{WARMUP_JOB_PREFIX}{tag}",
+            "id": f"{constants.WARMUP_JOB_PREFIX}{tag}",
             "source": {
                 "topic": f"_sf-warmup-{tag}",
                 "fields": {"page": "string", "latency": "double", "ts": "timestamp"},
