@@ -2,7 +2,7 @@
 
 - **start**: checks the spec with Spark (building the plan parses and analyses every expression),
   then resumes the job's checkpoint, or restores a savepoint into it first (also under a new job id),
-  and starts the query in the job's epoch (``versions``).
+  and starts the query in the job's epoch and the checkpoint's versioning scheme (``versions``).
 - **stop**: stops the query between two micro-batches; **with a savepoint**, then copies the
   checkpoint with its metadata (``savepoints``). If the copy fails the job is started again from its
   checkpoint and keeps running (as Flink does when a stop-with-savepoint fails).
@@ -40,6 +40,7 @@ from services.processor.metrics import JOB_RESTARTS, JobMetricsListener, JobTota
 from services.processor.query import REAL_TIME_SHUFFLE_PARTITIONS, Plan, build_plan, start_query
 from services.processor.settings import ProcessorSettings
 from services.processor.store import JobStore, StoredJob
+from services.processor.versions import ROW_VERSIONS
 from shared.errors import SpecError
 from shared.jobspec import JobSpec
 from shared.jobstate import ACTIVE_STATES, QUARANTINED, JobState
@@ -61,6 +62,7 @@ class Job:
     retry_at: float = 0.0
     running_since: float = 0.0
     crashes: int = 0  # JVM deaths while it ran, since its last completed micro-batch (stored)
+    versions: str = ROW_VERSIONS  # its checkpoint's (savepoints.versions_of)
 
 
 @dataclass(frozen=True)
@@ -160,7 +162,7 @@ class JobManager:
             raise PathRefusedError(refusal(what, path, roots, "SF_PROCESSOR_SAVEPOINT_ROOTS"))
 
     # --- commands ---------------------------------------------------------------------------------
-    def plan(self, spec: JobSpec) -> Plan:
+    def plan(self, spec: JobSpec, versions: str = ROW_VERSIONS) -> Plan:
         """Check a spec against Spark (expressions, types, real-time limits) and build its query plan."""
         if spec.trigger_mode == "real_time":
             conf = self.spark.conf.get("spark.sql.streaming.realTimeMode.minBatchDuration") or "5000ms"
@@ -172,7 +174,11 @@ class JobManager:
                 )
         try:
             return build_plan(
-                self.spark, spec, self.settings.kafka_bootstrap, self.settings.max_offsets_per_trigger
+                self.spark,
+                spec,
+                self.settings.kafka_bootstrap,
+                self.settings.max_offsets_per_trigger,
+                versions,
             )
         except AnalysisException as e:
             raise SpecError(f"job {spec.id}: Spark cannot run this spec: {_first_line(e)}") from None
@@ -187,16 +193,17 @@ class JobManager:
             savepoint = savepoints.load(from_savepoint) if from_savepoint else None
             if savepoint is not None:
                 savepoints.check_compatible(savepoint, spec)
-            plan = self.plan(spec)  # before any file is touched: a bad spec changes nothing
-            epoch = self._epoch_for(spec.id, savepoint)
             checkpoint = self.checkpoint_dir(spec.id)
+            versions = savepoints.versions_of(savepoint.checkpoint if savepoint is not None else checkpoint)
+            plan = self.plan(spec, versions)  # before any file is touched: a bad spec changes nothing
+            epoch = self._epoch_for(spec.id, savepoint)
             if savepoint is not None:
                 moved = savepoints.restore(savepoint, checkpoint, spec.id, epoch)
                 if moved is not None:
                     log.info("job %s: previous checkpoint moved to %s", spec.id, moved)
             else:
-                savepoints.write_note(checkpoint, spec.id, epoch)
-            job = Job(spec=spec, epoch=epoch, state=JobState.CREATED, crashes=crashes)
+                savepoints.write_note(checkpoint, spec.id, epoch, versions)
+            job = Job(spec=spec, epoch=epoch, state=JobState.CREATED, crashes=crashes, versions=versions)
             self._set(job)
             self._run(job, plan)
             self.store.put(StoredJob(spec=spec, should_run=True, epoch=epoch, crashes=crashes))
@@ -228,7 +235,8 @@ class JobManager:
                 str(self.checkpoint_dir(spec.id)),
                 self.settings.max_offsets_per_trigger,
                 epoch=job.epoch,
-                plan=plan or self.plan(spec),
+                plan=plan or self.plan(spec, job.versions),
+                versions=job.versions,
             )
         except CheckpointBusyError as e:  # another processor runs it (control sorts out which)
             self._forget(job)  # never ran here: nothing to report in heartbeats

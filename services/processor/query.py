@@ -1,25 +1,27 @@
 """A job spec -> a Structured Streaming query: Kafka source(s), the job's operators, a Kafka sink.
 
-Windowed jobs leave through foreachBatch so each row can carry a version built from the job's epoch
-and the micro-batch id (``services.processor.versions``): batch ids only grow within a checkpoint, a
-batch replayed after a crash gets the same id and the same rows, and the epoch grows on every restore
-from a savepoint. A sink that keeps the highest version per window never regresses or double-counts.
+Every job writes straight to Spark's Kafka sink, in both trigger modes. A window result carries a
+version built from the job's epoch and the rows the window has aggregated so far
+(``services.processor.versions``): it grows with every update of the window, a batch replayed after a
+crash emits the same versions again, and the epoch grows on every restore from a savepoint. A sink
+that keeps the highest version per window never regresses or double-counts. Checkpoints of
+micro-batch jobs written before that version by micro-batch id instead, through foreachBatch; they
+keep doing so (their state has no row count).
 
-Stateless, dedup and join jobs write events straight to Kafka (the only sink Spark's real-time mode
-allows besides foreach); each record carries the job id and its source coordinates as headers, so a
-consumer can drop the duplicates an at-least-once replay may write.
+Stateless, dedup and join jobs write events; each record carries the job id and its source
+coordinates as headers, so a consumer can drop the duplicates an at-least-once replay may write.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
-from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
 from services.processor.expressions import checked_column
 from services.processor.tracing import (
@@ -27,7 +29,7 @@ from services.processor.tracing import (
     spark_observed_traceparents_sql,
     spark_sampled_traceparent_sql,
 )
-from services.processor.versions import version_column, version_of
+from services.processor.versions import BATCH_VERSIONS, ROW_VERSIONS, version_column, version_of
 from shared import constants
 from shared.errors import SpecError
 from shared.jobspec import (
@@ -55,7 +57,7 @@ KEY = "__key"
 SOURCE_PARTITION = "__partition"
 SOURCE_OFFSET = "__offset"
 WINDOW = "__window"
-ROWS = "__rows"  # real-time mode: rows aggregated into the window so far
+ROWS = "__rows"  # rows aggregated into the window so far: its version (versions.version_column)
 REAL_TIME_SHUFFLE_PARTITIONS = 1
 RIGHT_KEY = "__right_key"
 RIGHT_EVENT_TIME = "__right_event_time"
@@ -215,16 +217,22 @@ def _group_columns(spec: JobSpec) -> tuple[list[Column], Column]:
     return [F.col(f) for f in spec.group_by], F.concat_ws(sep, *escaped)
 
 
-def windowed(spec: JobSpec, rows: DataFrame) -> DataFrame:
-    """Aggregates per (window, key): one column per output name, plus WINDOW and KEY."""
+def batch_versions(spec: JobSpec, versions: str) -> bool:
+    """Whether the job's window results are versioned by micro-batch id (through foreachBatch):
+    only a micro-batch job resuming a checkpoint written before row versions existed."""
+    return spec.kind == "windowed" and spec.trigger_mode != "real_time" and versions == BATCH_VERSIONS
+
+
+def windowed(spec: JobSpec, rows: DataFrame, *, row_count: bool = True) -> DataFrame:
+    """Aggregates per (window, key): one column per output name, plus WINDOW and KEY (and ROWS, the
+    rows the window holds so far, unless ``row_count`` is false: checkpoints of before)."""
     group_cols, key = _group_columns(spec)
-    real_time = spec.trigger_mode == "real_time"
     aggregated = rows.groupBy(_window_column(spec).alias(WINDOW), *group_cols).agg(
         *[_aggregate(a).alias(f"__agg_{i}") for i, a in enumerate(spec.aggregations)],
         # One sampled event's trace context per window, carried to the sink as a header.
         F.max(TRACE).alias(TRACE),
-        # Real-time mode: the rows in the window so far make its versions (versions.version_column).
-        *([F.count(F.lit(1)).alias(ROWS)] if real_time else []),
+        # The rows in the window so far make its versions (versions.version_column).
+        *([F.count(F.lit(1)).alias(ROWS)] if row_count else []),
     )
     outputs: list[Column] = []
     for i, agg in enumerate(spec.aggregations):
@@ -234,7 +242,7 @@ def windowed(spec: JobSpec, rows: DataFrame) -> DataFrame:
         else:
             outputs.append(F.col(f"__agg_{i}").alias(agg.name))
     keep = list(spec.group_by or spec.source.key)
-    rows_column = [ROWS] if real_time else []
+    rows_column = [ROWS] if row_count else []
     if spec.group_by is None:
         return aggregated.select(WINDOW, KEY, *keep, *outputs, TRACE, *rows_column)
     return aggregated.select(WINDOW, key.alias(KEY), *keep, *outputs, TRACE, *rows_column)
@@ -253,12 +261,12 @@ def having(spark: SparkSession, spec: JobSpec, results: DataFrame) -> Column | N
 def to_window_results(spec: JobSpec, results: DataFrame, version: int | Column) -> DataFrame:
     """Rows in the aggregates topic's wire format (shared.records.WindowResult).
 
-    A micro-batch's version (an int per batch) enters the record as a *string* literal, spliced in
-    front of the JSON object: Spark inlines a numeric literal into the code it generates, so a
-    version literal made every batch's plan new code: Janino compiled it again and the JIT compiled
-    the new classes again, all the time (3 compilations per batch, the C2 compiler thread ~0.4 of a
-    core at 1,000 events/s). A string literal is passed to the generated code as a reference: the
-    code, and the compiled classes, are the same every batch.
+    The version is spliced in front of the JSON object as text. A column (the row count) is the
+    same code every batch. The micro-batch id of a checkpoint of before (an int per batch) enters as
+    a *string* literal: Spark inlines a numeric literal into the code it generates, so a version
+    literal made every batch's plan new code, which Janino and then the JIT compiled again, all the
+    time (3 compilations per batch, the C2 compiler thread ~0.4 of a core at 1,000 events/s); a
+    string literal reaches the generated code as a reference.
     """
     aggregates = F.struct(*[F.col(n) for n in spec.aggregate_names])
     body = F.to_json(
@@ -313,10 +321,12 @@ class Plan:
     output_mode: str
 
 
-def build_plan(spark: SparkSession, spec: JobSpec, bootstrap: str, max_offsets: int) -> Plan:
+def build_plan(
+    spark: SparkSession, spec: JobSpec, bootstrap: str, max_offsets: int, versions: str = ROW_VERSIONS
+) -> Plan:
     rows = events(spark, spec, bootstrap, max_offsets)
     if spec.kind == "windowed":
-        results = windowed(spec, rows)
+        results = windowed(spec, rows, row_count=not batch_versions(spec, versions))
         for name in spec.aggregate_names:
             dtype = results.schema[name].dataType
             if not isinstance(dtype, T.NumericType):
@@ -331,6 +341,14 @@ def build_plan(spark: SparkSession, spec: JobSpec, bootstrap: str, max_offsets: 
     return Plan(spec, to_event_records(spec, rows), None, mode)
 
 
+def _records(spec: JobSpec, plan: Plan, epoch: int) -> DataFrame:
+    """The Kafka records a query writes: window results versioned by their row count, or events."""
+    if spec.kind != "windowed":
+        return plan.output
+    selected = plan.output if plan.having is None else plan.output.where(plan.having)
+    return to_window_results(spec, selected, version_column(epoch, F.col(ROWS)))
+
+
 def start_query(
     spark: SparkSession,
     spec: JobSpec,
@@ -340,43 +358,34 @@ def start_query(
     *,
     epoch: int = 0,
     plan: Plan | None = None,
+    versions: str = ROW_VERSIONS,
 ) -> StreamingQuery:
-    plan = plan or build_plan(spark, spec, bootstrap, max_offsets)
-    writer = plan.output.writeStream.queryName(spec.id).outputMode(plan.output_mode)
-    writer = writer.option("checkpointLocation", checkpoint_dir)
+    """Start the job's query; ``versions`` is its checkpoint's (``versions.ROW_VERSIONS`` when new)."""
+    plan = plan or build_plan(spark, spec, bootstrap, max_offsets, versions)
     interval = f"{spec.trigger_interval} milliseconds"
+    if batch_versions(spec, versions):
+        writer = _batch_versioned_writer(spec, plan, bootstrap, epoch)
+    else:
+        writer = (
+            _records(spec, plan, epoch)
+            .writeStream.format("kafka")
+            .option("kafka.bootstrap.servers", bootstrap)
+            .option("topic", spec.output_topic)
+        )
+    writer = writer.queryName(spec.id).outputMode(plan.output_mode)
+    writer = writer.option("checkpointLocation", checkpoint_dir)
     if spec.trigger_mode == "real_time":
         # pyspark 4.2's overloads of trigger() do not list realTime yet; the method takes it.
         writer = writer.trigger(realTime=interval)  # type: ignore[call-overload]
     else:
         writer = writer.trigger(processingTime=interval)
-    if spec.kind != "windowed":
-        return (
-            writer.format("kafka")
-            .option("kafka.bootstrap.servers", bootstrap)
-            .option("topic", spec.output_topic)
-            .start()
-        )
+    with _state_partitions_of(spark, spec, bootstrap):
+        return writer.start()
+
+
+def _batch_versioned_writer(spec: JobSpec, plan: Plan, bootstrap: str, epoch: int) -> DataStreamWriter:
+    """A checkpoint of before: each micro-batch's results versioned by its batch id in foreachBatch."""
     condition = plan.having
-    if spec.trigger_mode == "real_time":
-        # No foreachBatch in real-time mode: results go straight to Kafka, each update versioned by
-        # the rows its window holds (see versions.version_column).
-        selected = plan.output if condition is None else plan.output.where(condition)
-        records = to_window_results(spec, selected, version_column(epoch, F.col(ROWS)))
-        writer = (
-            records.writeStream.queryName(spec.id)
-            .outputMode("update")
-            .option("checkpointLocation", checkpoint_dir)
-            .trigger(realTime=interval)  # type: ignore[call-overload]
-            .format("kafka")
-            .option("kafka.bootstrap.servers", bootstrap)
-            .option("topic", spec.output_topic)
-        )
-        # A real-time batch runs every task of every stage at once, for the whole batch: one task
-        # slot per source partition plus one per shuffle partition. One shuffle partition keeps that
-        # to (source partitions + 1); the number is fixed in the checkpoint at the first start.
-        with _shuffle_partitions(spark, REAL_TIME_SHUFFLE_PARTITIONS):
-            return writer.start()
 
     def write_batch(batch: DataFrame, batch_id: int) -> None:
         selected = batch if condition is None else batch.where(condition)
@@ -388,8 +397,19 @@ def start_query(
             .save()
         )
 
-    with _shuffle_partitions(spark, state_partitions(spark, spec, bootstrap)):
-        return writer.foreachBatch(write_batch).start()
+    return plan.output.writeStream.foreachBatch(write_batch)
+
+
+def _state_partitions_of(spark: SparkSession, spec: JobSpec, bootstrap: str) -> AbstractContextManager[None]:
+    """The state partitions a windowed query starts with (kept in its checkpoint from then on)."""
+    if spec.kind != "windowed":
+        return nullcontext()  # dedup and joins: the session's setting
+    if spec.trigger_mode == "real_time":
+        # A real-time batch runs every task of every stage at once, for the whole batch: one task
+        # slot per source partition plus one per shuffle partition. One shuffle partition keeps that
+        # to (source partitions + 1).
+        return _shuffle_partitions(spark, REAL_TIME_SHUFFLE_PARTITIONS)
+    return _shuffle_partitions(spark, state_partitions(spark, spec, bootstrap))
 
 
 SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"

@@ -25,6 +25,7 @@ import orjson
 import pyspark
 
 from services.processor.errors import SavepointError
+from services.processor.versions import BATCH_VERSIONS, ROW_VERSIONS
 from shared.clock import wall_clock_ms
 from shared.jobspec import JobSpec, parse_job_spec, spec_to_json
 
@@ -80,9 +81,22 @@ def read_note(checkpoint: Path) -> dict[str, Any]:
     return note if isinstance(note, dict) else {}
 
 
-def write_note(checkpoint: Path, job_id: str, epoch: int) -> None:
+def write_note(checkpoint: Path, job_id: str, epoch: int, versions: str) -> None:
     checkpoint.mkdir(parents=True, exist_ok=True)
-    _write_atomic(checkpoint / CHECKPOINT_NOTE, orjson.dumps({"job_id": job_id, "epoch": epoch}))
+    note = {"job_id": job_id, "epoch": epoch, "versions": versions}
+    _write_atomic(checkpoint / CHECKPOINT_NOTE, orjson.dumps(note))
+
+
+def versions_of(checkpoint: Path) -> str:
+    """How the results of a query started on ``checkpoint`` are versioned (services.processor.versions).
+
+    A checkpoint Spark has not written yet takes row versions. One it has written keeps the scheme
+    its note names; a note without one is older than row versions: micro-batch ids then.
+    """
+    if not (checkpoint / "metadata").exists():
+        return ROW_VERSIONS
+    versions = read_note(checkpoint).get("versions", BATCH_VERSIONS)
+    return versions if versions in (ROW_VERSIONS, BATCH_VERSIONS) else BATCH_VERSIONS
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -158,7 +172,7 @@ def check_compatible(savepoint: Savepoint, spec: JobSpec) -> None:
 
 
 def restore(savepoint: Savepoint, checkpoint: Path, job_id: str, epoch: int) -> Path | None:
-    """Make ``checkpoint`` a copy of the savepoint's, under a new query id.
+    """Make ``checkpoint`` a copy of the savepoint's, under a new query id (its versions kept).
 
     An existing checkpoint is moved aside (returned), never deleted: it may be all that is left of
     the job's previous run.
@@ -172,9 +186,10 @@ def restore(savepoint: Savepoint, checkpoint: Path, job_id: str, epoch: int) -> 
     try:
         shutil.copytree(savepoint.checkpoint, tmp)
         _write_atomic(tmp / "metadata", orjson.dumps({"id": str(uuid.uuid4())}))
+        versions = versions_of(tmp)  # the saved state's: it has a row count or it has not
         with contextlib.suppress(FileNotFoundError):
             (tmp / CHECKPOINT_NOTE).unlink()
-        write_note(tmp, job_id, epoch)
+        write_note(tmp, job_id, epoch, versions)
         os.replace(tmp, checkpoint)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -1,18 +1,22 @@
-"""Result versions: ``epoch * 2**32 + batch_id``, strictly growing per window of a job.
+"""Result versions: ``epoch * 2**32 + n``, strictly growing per window of a job.
 
-In real-time mode (no foreachBatch, and one long batch holds many updates of a window) the low 32
-bits are instead the number of rows the window has aggregated so far: each update of a window follows
-at least one more row, and a replay after a crash aggregates the same rows in the same order per
-partition, so it emits the same versions again. The high bits are the epoch, as below.
+``n`` is the number of rows the window has aggregated so far. Spark emits a window only when rows
+were added to it (update mode) or once, when it closes (append mode), so each update of a window
+follows at least one more row; a batch replayed after a crash reads the same offsets, aggregates
+the same rows and emits the same versions again, which a sink refuses as not newer. The count is
+part of the aggregation, so the version is computed inside the query, per row, in both trigger
+modes: no per-batch literal and no foreachBatch round trip through the Python driver.
 
-- Within one checkpoint, batch ids only grow, and a batch replayed after a crash keeps its id and
-  its rows: a replay produces the same versions, which a sink refuses as not newer.
+Checkpoints written before that (micro-batch jobs only) keep their own scheme, ``n`` = the
+micro-batch id, passed in by foreachBatch: their state holds no row count (``BATCH_VERSIONS``).
+
 - Every start from a savepoint takes a new epoch, higher than any epoch the job id has used (the
   processor keeps the highest in its job store and in the checkpoint), so even a restore of an
-  *older* savepoint, whose batch ids start lower again, emits versions above everything before.
+  *older* savepoint, whose counts (or batch ids) start lower again, emits versions above everything
+  before.
 
 Versions stay below 2**53 so that every JSON reader and Redis's Lua (doubles) compare them exactly:
-that leaves 2**21 epochs and 2**32 batches per epoch (136 years at one batch per second).
+that leaves 2**21 epochs and 2**32 rows (or batches) per window and epoch.
 """
 
 from __future__ import annotations
@@ -25,6 +29,9 @@ from services.processor.errors import ProcessorError
 BATCH_BITS = 32
 MAX_EPOCH = 2**21 - 1
 MAX_BATCH_ID = 2**BATCH_BITS - 1
+# How a checkpoint's windows are versioned (kept in the processor's note in the checkpoint).
+ROW_VERSIONS = "rows"  # epoch * 2**32 + the rows the window aggregated: every checkpoint started now
+BATCH_VERSIONS = "batch"  # epoch * 2**32 + the micro-batch id: micro-batch checkpoints of before
 
 
 def version_of(epoch: int, batch_id: int) -> int:
@@ -36,11 +43,11 @@ def version_of(epoch: int, batch_id: int) -> int:
 
 
 def version_column(epoch: int, rows: Column) -> Column:
-    """Real-time mode's version: the epoch above the window's row count (capped to 32 bits)."""
+    """A window's version: the epoch above the window's row count (capped to 32 bits)."""
     base = version_of(epoch, 0)
     return F.lit(base).cast("long") + F.least(rows.cast("long"), F.lit(MAX_BATCH_ID).cast("long"))
 
 
 def split_version(version: int) -> tuple[int, int]:
-    """version -> (epoch, batch id)."""
+    """version -> (epoch, the window's row count; the batch id under BATCH_VERSIONS)."""
     return version >> BATCH_BITS, version & MAX_BATCH_ID

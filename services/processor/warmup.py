@@ -3,7 +3,7 @@
 A standby processor is there to take over the jobs of one that dies. Its JVM is up, but the first
 micro-batch of the first query it runs still pays for everything a cold JVM does once: loading and
 JIT-compiling the Kafka source and sink, JSON parsing, the window aggregation's generated code, the
-RocksDB state store, checkpointing and the foreachBatch bridge. Measured on this 2-core machine
+RocksDB state store and checkpointing. Measured on this 2-core machine
 (``python -m tests.bench recovery``): a taken-over job's first batch took 14.4 s on an idle standby and
 3.9 s on one that had run a job before.
 

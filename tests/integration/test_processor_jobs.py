@@ -21,15 +21,17 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from pyspark.sql import SparkSession
 
 from infra.datagen import oracle_window_counts
+from services.processor import savepoints
 from services.processor.grpc_server import grpc_services
 from services.processor.jobs import JobManager
 from services.processor.leases import CheckpointBusyError, CheckpointLease
 from services.processor.metrics import JobMetricsListener
-from services.processor.savepoints import load as load_savepoint
+from services.processor.query import start_query
 from services.processor.settings import ProcessorSettings
-from services.processor.versions import split_version
+from services.processor.versions import BATCH_VERSIONS, ROW_VERSIONS, split_version
 from services.processor.warmup import warm_up, warmup_spec
 from shared.grpc_server import HealthServedGrpcServer
+from shared.jobspec import parse_job_spec
 from shared.kafka import admin, ensure_topics
 from shared.proto import streamforge_pb2 as pb
 from shared.proto import streamforge_pb2_grpc as pb_grpc
@@ -166,7 +168,7 @@ def test_commands_metrics_savepoint_and_restores_are_exact(
     # Stop with a savepoint: FINISHED, and the savepoint holds the spec, epoch and offsets.
     stopped = stub.StopJob(pb.StopJobRequest(job_id=unique, savepoint=True), timeout=60)
     assert stopped.state == pb.JOB_STATE_FINISHED and stopped.savepoint_path
-    sp1 = load_savepoint(stopped.savepoint_path)
+    sp1 = savepoints.load(stopped.savepoint_path)
     assert (sp1.job_id, sp1.epoch, sp1.spec.id) == (unique, 0, unique)
     assert sp1.last_committed_batch is not None and sp1.offsets
     assert sum(sp1.offsets[0][f"{topic}.valid"].values()) == len(part1)
@@ -218,6 +220,55 @@ def test_commands_metrics_savepoint_and_restores_are_exact(
     with pytest.raises(grpc.RpcError) as missing:
         stub.StopJob(pb.StopJobRequest(job_id="no-such-job"), timeout=10)
     assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_a_micro_batch_checkpoint_of_before_resumes_with_batch_versions(
+    processor: tuple[JobManager, pb_grpc.JobCommandsStub, grpc.Channel],
+    spark: SparkSession,  # noqa: F811
+    kafka_bootstrap: str,
+    unique: str,
+) -> None:
+    """A checkpoint written before row versions has no row count in its state: the job resumes it
+    through foreachBatch with micro-batch ids as versions (the row-count plan could not read that
+    state), and keeps doing so; a new checkpoint gets row versions."""
+    manager, stub, _ = processor
+    topic, out = unique, f"{unique}.out"
+    ensure_topics(kafka_bootstrap, [f"{topic}.valid", out], partitions=1)
+    spec_text = spec_json(unique, topic)
+    checkpoint = manager.checkpoint_dir(unique)
+    part1, part2 = events("/a", BASE, 50), events("/a", BASE + 5_000, 30, step=101)
+    # What the processor of before left: its query's checkpoint and a note naming no versions.
+    send(kafka_bootstrap, topic, part1)
+    before = start_query(
+        spark, parse_job_spec(spec_text), kafka_bootstrap, str(checkpoint), 100_000, versions=BATCH_VERSIONS
+    )
+    try:
+        before.processAllAvailable()
+    finally:
+        before.stop()
+    (checkpoint / savepoints.CHECKPOINT_NOTE).write_bytes(orjson.dumps({"job_id": unique, "epoch": 0}))
+
+    status = stub.StartJob(pb.StartJobRequest(job_id=unique, spec_json=spec_text), timeout=60)
+    assert status.state == pb.JOB_STATE_RUNNING, status.message
+    send(kafka_bootstrap, topic, part2)
+    catch_up(manager, unique)
+    results = newest(kafka_bootstrap, out, unique)
+    assert counts(results) == oracle_window_counts(part1 + part2, 10_000) == {("/a", BASE): 80}
+    # Its newest version is a batch id of this checkpoint (the resumed run's), not the count (80).
+    last_batch = savepoints.last_committed_batch(checkpoint)
+    epoch, low = split_version(results[("/a", BASE)].version)
+    assert last_batch is not None and epoch == 0 and 1 <= low <= last_batch < 80
+    assert savepoints.read_note(checkpoint)["versions"] == BATCH_VERSIONS
+    stub.StopJob(pb.StopJobRequest(job_id=unique), timeout=60)
+
+    # The same spec from scratch under another id: row versions (the count below the epoch).
+    fresh = f"{unique}-new"
+    status = stub.StartJob(pb.StartJobRequest(job_id=fresh, spec_json=spec_json(fresh, topic)), timeout=60)
+    assert status.state == pb.JOB_STATE_RUNNING, status.message
+    catch_up(manager, fresh)
+    assert split_version(newest(kafka_bootstrap, out, fresh)[("/a", BASE)].version) == (0, 80)
+    assert savepoints.read_note(manager.checkpoint_dir(fresh))["versions"] == ROW_VERSIONS
+    stub.StopJob(pb.StopJobRequest(job_id=fresh), timeout=60)
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ import pytest
 from services.processor import savepoints
 from services.processor.errors import SavepointError
 from services.processor.store import JobStore, StoredJob
+from services.processor.versions import BATCH_VERSIONS, ROW_VERSIONS
 from shared.jobspec import parse_job_spec
 
 SPEC = parse_job_spec(
@@ -47,7 +48,7 @@ def spark_like_checkpoint(root: Path, committed: int, pending: bool = True) -> P
 
 def test_take_load_and_restore(tmp_path: Path) -> None:
     checkpoint = spark_like_checkpoint(tmp_path / "ckpt", committed=2)
-    savepoints.write_note(checkpoint, "clicks", 4)
+    savepoints.write_note(checkpoint, "clicks", 4, ROW_VERSIONS)
     sp = savepoints.take(checkpoint, SPEC, 4, tmp_path / "savepoints")
     assert sp.path.parent == tmp_path / "savepoints" and sp.path.name.startswith("clicks-")
     assert (sp.job_id, sp.epoch, sp.last_committed_batch) == ("clicks", 4, 2)
@@ -63,9 +64,36 @@ def test_take_load_and_restore(tmp_path: Path) -> None:
     moved = savepoints.restore(sp, target, "clicks-2", epoch=5)
     assert moved is not None and (moved / "old-file").exists()
     assert orjson.loads((target / "metadata").read_bytes())["id"] != "1c039874-17b6-43fa-8706-814fbbda4f50"
-    assert savepoints.read_note(target) == {"job_id": "clicks-2", "epoch": 5}
+    assert savepoints.read_note(target) == {"job_id": "clicks-2", "epoch": 5, "versions": ROW_VERSIONS}
     assert (target / "state/0/0/3.changelog").read_bytes() == b"\x00\x00"
     assert savepoints.last_committed_batch(target) == 2
+
+
+def test_a_checkpoint_keeps_the_versions_it_was_started_with(tmp_path: Path) -> None:
+    """Row versions need a row count in the state: only a checkpoint Spark has not written yet, or
+    one whose note says so, gets them; a note of before (no "versions") means micro-batch ids."""
+    fresh = tmp_path / "fresh"
+    assert savepoints.versions_of(fresh) == ROW_VERSIONS  # nothing there yet
+    savepoints.write_note(fresh, "clicks", 0, ROW_VERSIONS)
+    assert savepoints.versions_of(fresh) == ROW_VERSIONS  # a note, still no Spark metadata
+
+    written = spark_like_checkpoint(tmp_path / "written", committed=1)
+    assert savepoints.versions_of(written) == BATCH_VERSIONS  # Spark's files and no note at all
+    (written / savepoints.CHECKPOINT_NOTE).write_bytes(orjson.dumps({"job_id": "clicks", "epoch": 2}))
+    assert savepoints.versions_of(written) == BATCH_VERSIONS  # a note of before
+    savepoints.write_note(written, "clicks", 2, ROW_VERSIONS)
+    assert savepoints.versions_of(written) == ROW_VERSIONS
+    savepoints.write_note(written, "clicks", 2, "something else")
+    assert savepoints.versions_of(written) == BATCH_VERSIONS  # never trusted into a plan it cannot run
+
+    # A savepoint carries its checkpoint's scheme into the job it is restored to, under a new note.
+    for versions in (ROW_VERSIONS, BATCH_VERSIONS):
+        checkpoint = spark_like_checkpoint(tmp_path / f"ckpt-{versions}", committed=1)
+        savepoints.write_note(checkpoint, "clicks", 1, versions)
+        sp = savepoints.take(checkpoint, SPEC, 1, tmp_path / f"sp-{versions}")
+        target = tmp_path / f"restored-{versions}"
+        savepoints.restore(sp, target, "clicks-2", epoch=2)
+        assert savepoints.read_note(target) == {"job_id": "clicks-2", "epoch": 2, "versions": versions}
 
 
 def test_refusals(tmp_path: Path) -> None:
