@@ -236,7 +236,6 @@ class JobManager:
                 self.settings.max_offsets_per_trigger,
                 epoch=job.epoch,
                 plan=plan or self.plan(spec, job.versions),
-                versions=job.versions,
             )
         except CheckpointBusyError as e:  # another processor runs it (control sorts out which)
             self._forget(job)  # never ran here: nothing to report in heartbeats

@@ -319,6 +319,7 @@ class Plan:
     output: DataFrame  # windowed: results per window; others: Kafka records (key, value, headers)
     having: Column | None
     output_mode: str
+    versions: str  # how window results are versioned (the checkpoint's scheme, versions.py)
 
 
 def build_plan(
@@ -335,10 +336,10 @@ def build_plan(
                     "(min/max need a long, double or timestamp field)"
                 )
         mode = "update" if spec.emit == "on_update" else "append"
-        return Plan(spec, results, having(spark, spec, results), mode)
+        return Plan(spec, results, having(spark, spec, results), mode, versions)
     # Dedup and joins emit each row once (append); stateless jobs have no state to finalise.
     mode = "update" if spec.kind == "stateless" else "append"
-    return Plan(spec, to_event_records(spec, rows), None, mode)
+    return Plan(spec, to_event_records(spec, rows), None, mode, versions)
 
 
 def _records(spec: JobSpec, plan: Plan, epoch: int) -> DataFrame:
@@ -360,10 +361,11 @@ def start_query(
     plan: Plan | None = None,
     versions: str = ROW_VERSIONS,
 ) -> StreamingQuery:
-    """Start the job's query; ``versions`` is its checkpoint's (``versions.ROW_VERSIONS`` when new)."""
+    """Start the job's query; ``versions`` is its checkpoint's (``versions.ROW_VERSIONS`` when new),
+    for the plan built here (a plan given was built for its own)."""
     plan = plan or build_plan(spark, spec, bootstrap, max_offsets, versions)
     interval = f"{spec.trigger_interval} milliseconds"
-    if batch_versions(spec, versions):
+    if batch_versions(spec, plan.versions):
         writer = _batch_versioned_writer(spec, plan, bootstrap, epoch)
     else:
         writer = (
