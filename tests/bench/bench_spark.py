@@ -6,7 +6,7 @@ keys, 10 s tumbling windows over 100 s of event time) are produced to a raw topi
 reads exactly what ingest writes, headers and keys included. Then, in a SparkSession built as the
 processor builds it (services.processor.app.build_spark: local[2], RocksDB state), the query the
 processor runs for the job (services.processor.query.start_query: Kafka source, parse, watermark,
-window, aggregates, foreachBatch to the output topic) drains that backlog, once counting only and
+window, aggregates, Kafka sink to the output topic) drains that backlog, once counting only and
 once with all nine aggregates, each from its own checkpoint:
 
 - events/s: the backlog over the time from query start until processAllAvailable() returns
