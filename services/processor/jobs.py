@@ -62,7 +62,7 @@ class Job:
     retry_at: float = 0.0
     running_since: float = 0.0
     crashes: int = 0  # JVM deaths while it ran, since its last completed micro-batch (stored)
-    versions: str = ROW_VERSIONS  # its checkpoint's (savepoints.versions_of)
+    versions: str = ROW_VERSIONS  # what its query runs with (Plan.versions)
 
 
 @dataclass(frozen=True)
@@ -202,8 +202,8 @@ class JobManager:
                 if moved is not None:
                     log.info("job %s: previous checkpoint moved to %s", spec.id, moved)
             else:
-                savepoints.write_note(checkpoint, spec.id, epoch, versions)
-            job = Job(spec=spec, epoch=epoch, state=JobState.CREATED, crashes=crashes, versions=versions)
+                savepoints.write_note(checkpoint, spec.id, epoch, plan.versions)
+            job = Job(spec=spec, epoch=epoch, state=JobState.CREATED, crashes=crashes, versions=plan.versions)
             self._set(job)
             self._run(job, plan)
             self.store.put(StoredJob(spec=spec, should_run=True, epoch=epoch, crashes=crashes))

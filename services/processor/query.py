@@ -319,15 +319,17 @@ class Plan:
     output: DataFrame  # windowed: results per window; others: Kafka records (key, value, headers)
     having: Column | None
     output_mode: str
-    versions: str  # how window results are versioned (the checkpoint's scheme, versions.py)
+    versions: str  # how window results are versioned: BATCH_VERSIONS only where build_plan needs it
 
 
 def build_plan(
     spark: SparkSession, spec: JobSpec, bootstrap: str, max_offsets: int, versions: str = ROW_VERSIONS
 ) -> Plan:
+    # The scheme the query runs with: batch ids only where a checkpoint of before needs them.
+    versions = BATCH_VERSIONS if batch_versions(spec, versions) else ROW_VERSIONS
     rows = events(spark, spec, bootstrap, max_offsets)
     if spec.kind == "windowed":
-        results = windowed(spec, rows, row_count=not batch_versions(spec, versions))
+        results = windowed(spec, rows, row_count=versions == ROW_VERSIONS)
         for name in spec.aggregate_names:
             dtype = results.schema[name].dataType
             if not isinstance(dtype, T.NumericType):
@@ -365,7 +367,7 @@ def start_query(
     for the plan built here (a plan given was built for its own)."""
     plan = plan or build_plan(spark, spec, bootstrap, max_offsets, versions)
     interval = f"{spec.trigger_interval} milliseconds"
-    if batch_versions(spec, plan.versions):
+    if plan.versions == BATCH_VERSIONS:
         writer = _batch_versioned_writer(spec, plan, bootstrap, epoch)
     else:
         writer = (
