@@ -179,6 +179,7 @@ class JobManager:
                 self.settings.kafka_bootstrap,
                 self.settings.max_offsets_per_trigger,
                 versions,
+                task_records=self.settings.max_records_per_read_task,
             )
         except AnalysisException as e:
             raise SpecError(f"job {spec.id}: Spark cannot run this spec: {_first_line(e)}") from None

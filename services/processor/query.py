@@ -71,10 +71,14 @@ def event_schema(source: Source) -> T.StructType:
     return T.StructType([T.StructField(n, _SPARK_TYPES[t], True) for n, t in source.fields.items()])
 
 
-def read_source(spark: SparkSession, source: Source, bootstrap: str, max_offsets: int | None) -> DataFrame:
+def read_source(
+    spark: SparkSession, source: Source, bootstrap: str, max_offsets: int | None, task_records: int = 0
+) -> DataFrame:
     """A stream's validated events, parsed, with its record key, event time and coordinates.
 
     ``max_offsets`` bounds a micro-batch; None for real-time mode, which refuses the option.
+    ``task_records`` > 0 splits a micro-batch's read of a Kafka partition into tasks of at most that
+    many records (Spark's ``maxRecordsPerPartition``); 0 reads each partition in one task.
     """
     reader = (
         spark.readStream.format("kafka")
@@ -88,6 +92,8 @@ def read_source(spark: SparkSession, source: Source, bootstrap: str, max_offsets
     )
     if max_offsets is not None:
         reader = reader.option("maxOffsetsPerTrigger", max_offsets)
+    if task_records > 0:
+        reader = reader.option("maxRecordsPerPartition", task_records)
     raw = reader.load()
     return raw.select(
         F.col("key").cast("string").alias(KEY),
@@ -153,11 +159,23 @@ def _join(
     return left.join(right, condition, "inner").drop(RIGHT_KEY, RIGHT_EVENT_TIME)
 
 
-def events(spark: SparkSession, spec: JobSpec, bootstrap: str, max_offsets: int | None) -> DataFrame:
-    """The job's input rows after join, derive, filter, watermark and dedup."""
+def events(
+    spark: SparkSession, spec: JobSpec, bootstrap: str, max_offsets: int | None, task_records: int = 0
+) -> DataFrame:
+    """The job's input rows after join, derive, filter, watermark and dedup.
+
+    ``task_records``: see read_source; taken by windowed micro-batch jobs only. A window's aggregate
+    does not depend on which task read a row, so a backlog on a topic with fewer partitions than
+    cores is parsed and pre-aggregated on every core. Other jobs keep one task per partition: their
+    output keeps each partition's order.
+    """
     if spec.trigger_mode == "real_time":
         max_offsets = None  # a real-time batch reads for its whole duration, unbounded
-    df = _readable(read_source(spark, spec.source, bootstrap, max_offsets), MALFORMED_OBSERVATIONS[0])
+    if spec.kind != "windowed" or spec.trigger_mode == "real_time":
+        task_records = 0
+    df = _readable(
+        read_source(spark, spec.source, bootstrap, max_offsets, task_records), MALFORMED_OBSERVATIONS[0]
+    )
     # The sampled records' trace context: the listener links each batch's span to them.
     df = df.observe(SPARK_OBSERVATION, F.expr(spark_observed_traceparents_sql(TRACE)).alias("traceparents"))
     if spec.join is not None:
@@ -323,11 +341,17 @@ class Plan:
 
 
 def build_plan(
-    spark: SparkSession, spec: JobSpec, bootstrap: str, max_offsets: int, versions: str = ROW_VERSIONS
+    spark: SparkSession,
+    spec: JobSpec,
+    bootstrap: str,
+    max_offsets: int,
+    versions: str = ROW_VERSIONS,
+    *,
+    task_records: int = 0,
 ) -> Plan:
     # The scheme the query runs with: batch ids only where a checkpoint of before needs them.
     versions = BATCH_VERSIONS if batch_versions(spec, versions) else ROW_VERSIONS
-    rows = events(spark, spec, bootstrap, max_offsets)
+    rows = events(spark, spec, bootstrap, max_offsets, task_records)
     if spec.kind == "windowed":
         results = windowed(spec, rows, row_count=versions == ROW_VERSIONS)
         for name in spec.aggregate_names:
@@ -362,10 +386,12 @@ def start_query(
     epoch: int = 0,
     plan: Plan | None = None,
     versions: str = ROW_VERSIONS,
+    task_records: int = 0,
 ) -> StreamingQuery:
     """Start the job's query; ``versions`` is its checkpoint's (``versions.ROW_VERSIONS`` when new),
-    for the plan built here (a plan given was built for its own)."""
-    plan = plan or build_plan(spark, spec, bootstrap, max_offsets, versions)
+    and ``task_records`` its read tasks' size (see events), for the plan built here (a plan given was
+    built with its own)."""
+    plan = plan or build_plan(spark, spec, bootstrap, max_offsets, versions, task_records=task_records)
     interval = f"{spec.trigger_interval} milliseconds"
     if plan.versions == BATCH_VERSIONS:
         writer = _batch_versioned_writer(spec, plan, bootstrap, epoch)

@@ -29,6 +29,11 @@ class ProcessorSettings(BaseServiceSettings):
     spark_ui_port: int = 4040
     # Bounds one micro-batch after a backlog, so a restart does not build one giant batch.
     max_offsets_per_trigger: int = Field(200_000, ge=1)
+    # A windowed micro-batch job reads a Kafka partition's records of one batch in tasks of at most
+    # this many (Spark's maxRecordsPerPartition): a full batch from a one-partition topic is parsed on
+    # both cores; the halves of one from a two-partition topic (~100,000 each) and a batch of fresh
+    # records stay one task per partition. 0: one task per partition.
+    max_records_per_read_task: int = Field(120_000, ge=0)
     metrics_port: int = 9102
     # JobCommands and grpc.health.v1 (control calls it; 0 picks a free port).
     grpc_port: int = Field(6124, ge=0)

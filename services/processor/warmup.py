@@ -107,7 +107,13 @@ def warm_up(spark: SparkSession, settings: ProcessorSettings, tag: str = "") -> 
         created = True
         producer.start()
         query = start_query(
-            spark, spec, bootstrap, str(checkpoint), settings.max_offsets_per_trigger, epoch=0
+            spark,
+            spec,
+            bootstrap,
+            str(checkpoint),
+            settings.max_offsets_per_trigger,
+            epoch=0,
+            task_records=settings.max_records_per_read_task,
         )
         try:
             query.awaitTermination(max(1, round(settings.warmup_s)))

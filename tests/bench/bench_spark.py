@@ -73,11 +73,19 @@ def fill_valid(bootstrap: str, spec: JobSpec, expected: int, timeout_s: float = 
 
 
 def drain_backlog(
-    spark: SparkSession, spec: JobSpec, bootstrap: str, checkpoint: Path, events: int, max_offsets: int
+    spark: SparkSession,
+    spec: JobSpec,
+    bootstrap: str,
+    checkpoint: Path,
+    events: int,
+    max_offsets: int,
+    task_records: int = 0,
 ) -> dict[str, Any]:
     """Start the job's query on a filled ``.valid`` topic and time it until it has read everything."""
     started = time.perf_counter()
-    query = start_query(spark, spec, bootstrap, str(checkpoint), max_offsets=max_offsets)
+    query = start_query(
+        spark, spec, bootstrap, str(checkpoint), max_offsets=max_offsets, task_records=task_records
+    )
     try:
         query.processAllAvailable()
     finally:
@@ -132,6 +140,7 @@ def main() -> dict[str, Any]:
         class_archive=existing_class_archive(),  # as the service starts its JVM
     )
     out["max_offsets_per_trigger"] = settings.max_offsets_per_trigger
+    out["max_records_per_read_task"] = settings.max_records_per_read_task
     spark = build_spark(settings, [str(p) for p in spark_kafka_jars()])
     spark.sparkContext.setLogLevel("ERROR")
     try:
@@ -143,7 +152,13 @@ def main() -> dict[str, Any]:
             ensure_topics(cfg.bootstrap, [spec.output_topic], partitions=2)
             checkpoint = cfg.run_dir / "spark-alone" / job_id
             result = drain_backlog(
-                spark, spec, cfg.bootstrap, checkpoint, EVENTS, settings.max_offsets_per_trigger
+                spark,
+                spec,
+                cfg.bootstrap,
+                checkpoint,
+                EVENTS,
+                settings.max_offsets_per_trigger,
+                settings.max_records_per_read_task,
             )
             found = workload.problems(newest_windows(cfg.bootstrap, spec.output_topic), data.values, aggs)
             out[label] = {**result, "exact": not found, "problems": found}

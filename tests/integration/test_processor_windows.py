@@ -202,16 +202,8 @@ def read_results(bootstrap: str, topic: str) -> list[WindowResult]:
     return [WindowResult.from_json(m.value()) for m in read_all(bootstrap, topic)]
 
 
-@pytest.mark.parametrize("name", list(CASES))
-def test_windows_match_the_oracle(name: str, ran_cases: dict[str, Case], kafka_bootstrap: str) -> None:
-    case = ran_cases[name]
-    spec = case.spec
-    oracle = oracle_for(spec, case.rounds)
-    assert oracle.late_pairs > 0 and len(oracle.closed) >= 6, "the data must exercise late events and closes"
-    results = read_results(kafka_bootstrap, spec.output_topic)
-    assert results and all(r.job_id == spec.id for r in results)
-    # Every row is of this query's epoch; versions of one window grow strictly in topic order.
-    assert {split_version(r.version)[0] for r in results} == {3}
+def assert_results_match(spec: JobSpec, oracle: WindowOracle, results: list[WindowResult]) -> None:
+    """A query's output rows against the oracle: each window's versions grow, its newest row is exact."""
     by_window: dict[tuple[str, int], list[WindowResult]] = {}
     for r in results:
         by_window.setdefault((r.key, r.window_start), []).append(r)
@@ -234,6 +226,19 @@ def test_windows_match_the_oracle(name: str, ran_cases: dict[str, Case], kafka_b
         latest = rows[-1]
         assert latest.window_end == window.end
         assert_matches(latest, [float(e["value"]) for e in window.events])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_windows_match_the_oracle(name: str, ran_cases: dict[str, Case], kafka_bootstrap: str) -> None:
+    case = ran_cases[name]
+    spec = case.spec
+    oracle = oracle_for(spec, case.rounds)
+    assert oracle.late_pairs > 0 and len(oracle.closed) >= 6, "the data must exercise late events and closes"
+    results = read_results(kafka_bootstrap, spec.output_topic)
+    assert results and all(r.job_id == spec.id for r in results)
+    # Every row is of this query's epoch; versions of one window grow strictly in topic order.
+    assert {split_version(r.version)[0] for r in results} == {3}
+    assert_results_match(spec, oracle, results)
 
     assert case.query is not None
     progress = [metrics_from_progress(orjson.loads(p.json)) for p in case.query.recentProgress]
@@ -302,3 +307,59 @@ def test_a_micro_batch_job_has_as_many_state_partitions_as_its_topic_at_most_the
         finally:
             query.stop()
         assert spark.conf.get(SHUFFLE_PARTITIONS) == str(configured)  # the session's own, restored
+
+
+def widest_stage(session: SparkSession, query: StreamingQuery) -> int:
+    """The most tasks any stage of the query's Spark jobs had (Spark runs them in the run id's group)."""
+    tracker = session.sparkContext.statusTracker()
+    widest = 0
+    for job_id in tracker.getJobIdsForGroup(str(query.runId)):
+        job = tracker.getJobInfo(job_id)
+        for stage_id in job.stageIds if job is not None else ():
+            stage = tracker.getStageInfo(stage_id)
+            widest = max(widest, stage.numTasks if stage is not None else 0)
+    return widest
+
+
+@pytest.mark.parametrize(
+    ("name", "task_records"),
+    [("tumbling-update", 0), ("tumbling-update", 16), ("sliding-update", 16), ("session-close", 8)],
+)
+def test_a_windowed_batch_reads_a_partition_in_tasks_of_at_most_task_records_and_stays_exact(
+    name: str,
+    task_records: int,
+    spark: SparkSession,  # noqa: F811
+    kafka_bootstrap: str,
+    tmp_path: Path,
+) -> None:
+    """A backlog on a one-partition topic is read by several tasks (Spark's maxRecordsPerPartition),
+    whose partial aggregates meet in the one state partition: every window still equals the oracle."""
+    window, emit = CASES[name]
+    spec = spec_for(f"rt{uuid.uuid4().hex[:8]}-{name}", window, emit)
+    ensure_topics(kafka_bootstrap, [spec.source.valid_topic, spec.output_topic], partitions=1)
+    rounds = make_rounds(spec, seed=31, n_rounds=4)
+    query = start_query(
+        spark,
+        spec,
+        kafka_bootstrap,
+        str(tmp_path / "ckpt"),
+        max_offsets=100_000,
+        epoch=2,
+        task_records=task_records,
+    )
+    try:
+        for events in rounds:
+            run_batch(query, kafka_bootstrap, spec, events)
+        widest = widest_stage(spark, query)
+    finally:
+        query.stop()
+    # One partition, one state partition: without the option every stage is one task; with it, a
+    # batch of n records is read by ceil(n / task_records) tasks (a batch holds at most one round).
+    sizes = [len(events) for events in rounds]
+    if task_records == 0:
+        assert widest == 1, (widest, sizes)
+    else:
+        assert 1 < widest <= math.ceil(max(sizes) / task_records), (widest, sizes)
+    results = read_results(kafka_bootstrap, spec.output_topic)
+    assert {split_version(r.version)[0] for r in results} == {2}
+    assert_results_match(spec, oracle_for(spec, rounds), results)
