@@ -199,7 +199,7 @@ class JobManager:
             plan = self.plan(spec, versions)  # before any file is touched: a bad spec changes nothing
             epoch = self._epoch_for(spec.id, savepoint)
             if savepoint is not None:
-                moved = savepoints.restore(savepoint, checkpoint, spec.id, epoch)
+                moved = savepoints.restore(savepoint, checkpoint, spec.id, epoch, plan.versions)
                 if moved is not None:
                     log.info("job %s: previous checkpoint moved to %s", spec.id, moved)
             else:

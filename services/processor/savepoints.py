@@ -171,11 +171,14 @@ def check_compatible(savepoint: Savepoint, spec: JobSpec) -> None:
         )
 
 
-def restore(savepoint: Savepoint, checkpoint: Path, job_id: str, epoch: int) -> Path | None:
-    """Make ``checkpoint`` a copy of the savepoint's, under a new query id (its versions kept).
+def restore(
+    savepoint: Savepoint, checkpoint: Path, job_id: str, epoch: int, versions: str | None = None
+) -> Path | None:
+    """Make ``checkpoint`` a copy of the savepoint's, under a new query id.
 
-    An existing checkpoint is moved aside (returned), never deleted: it may be all that is left of
-    the job's previous run.
+    Its note names ``versions``, the scheme the job's plan runs with on it (the processor passes
+    its plan's); None keeps the savepoint's. An existing checkpoint is moved aside (returned), never
+    deleted: it may be all that is left of the job's previous run.
     """
     moved: Path | None = None
     if checkpoint.exists():
@@ -186,7 +189,8 @@ def restore(savepoint: Savepoint, checkpoint: Path, job_id: str, epoch: int) -> 
     try:
         shutil.copytree(savepoint.checkpoint, tmp)
         _write_atomic(tmp / "metadata", orjson.dumps({"id": str(uuid.uuid4())}))
-        versions = versions_of(tmp)  # the saved state's: it has a row count or it has not
+        if versions is None:
+            versions = versions_of(tmp)  # the saved state's: it has a row count or it has not
         with contextlib.suppress(FileNotFoundError):
             (tmp / CHECKPOINT_NOTE).unlink()
         write_note(tmp, job_id, epoch, versions)

@@ -94,6 +94,12 @@ def test_a_checkpoint_keeps_the_versions_it_was_started_with(tmp_path: Path) -> 
         target = tmp_path / f"restored-{versions}"
         savepoints.restore(sp, target, "clicks-2", epoch=2)
         assert savepoints.read_note(target) == {"job_id": "clicks-2", "epoch": 2, "versions": versions}
+    # The processor passes the scheme its plan runs with (a real-time job on a note of before runs
+    # with rows): the restored note names that one, not the raw savepoint's.
+    sp = savepoints.take(tmp_path / f"ckpt-{BATCH_VERSIONS}", SPEC, 1, tmp_path / "sp-planned")
+    target = tmp_path / "restored-planned"
+    savepoints.restore(sp, target, "clicks-3", epoch=3, versions=ROW_VERSIONS)
+    assert savepoints.read_note(target) == {"job_id": "clicks-3", "epoch": 3, "versions": ROW_VERSIONS}
 
 
 def test_refusals(tmp_path: Path) -> None:
