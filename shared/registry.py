@@ -62,16 +62,17 @@ class LoadMeter:
         self.service = service
         self.clock = clock
         self._tick = os.sysconf("SC_CLK_TCK")
-        self._last = (clock(), self._cpu_seconds(), self._records())
+        self._last = (clock(), self._cpu_seconds(self._pids()), self._records())
 
     def read(self, running_jobs: int = 0) -> pb.Load:
-        now, cpu, records = self.clock(), self._cpu_seconds(), self._records()
+        family = self._pids()
+        now, cpu, records = self.clock(), self._cpu_seconds(family), self._records()
         then, cpu_then, records_then = self._last
         self._last = (now, cpu, records)
         elapsed = max(now - then, 1e-6)
         return pb.Load(
             cpu_percent=max(0.0, 100.0 * (cpu - cpu_then) / elapsed),
-            rss_bytes=self._rss_bytes(),
+            rss_bytes=self._rss_bytes(family),
             records_per_second=max(0.0, (records - records_then) / elapsed),
             running_jobs=running_jobs,
         )
@@ -86,30 +87,27 @@ class LoadMeter:
 
     def _pids(self) -> list[int]:
         """This process and its descendants (a PySpark driver's JVM counts as the processor's load)."""
-        parents: dict[int, int] = {}
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                stat = _stat_fields(int(entry.name))
-                if stat is not None:
-                    parents[int(entry.name)] = int(stat[1])
         family, todo = [], [os.getpid()]
         while todo:
             pid = todo.pop()
             family.append(pid)
-            todo.extend(child for child, parent in parents.items() if parent == pid)
+            children = _children(pid)
+            if children is None:  # a kernel without /proc/<pid>/task/<tid>/children
+                return _descendants_by_scan()
+            todo.extend(children)
         return family
 
-    def _cpu_seconds(self) -> float:
+    def _cpu_seconds(self, family: list[int]) -> float:
         total = 0
-        for pid in self._pids():
+        for pid in family:
             stat = _stat_fields(pid)
             if stat is not None:
                 total += int(stat[11]) + int(stat[12])  # utime, stime (fields 14 and 15 of stat)
         return total / self._tick
 
-    def _rss_bytes(self) -> int:
+    def _rss_bytes(self, family: list[int]) -> int:
         total_kb = 0
-        for pid in self._pids():
+        for pid in family:
             try:
                 status = Path(f"/proc/{pid}/status").read_text()
             except OSError:
@@ -119,6 +117,45 @@ class LoadMeter:
                     total_kb += int(line.split()[1])
                     break
         return total_kb * 1024
+
+
+def _children(pid: int) -> list[int] | None:
+    """Child pids of every thread of ``pid`` ([] once it is gone); None where the kernel lacks the file.
+
+    Reading each thread's ``children`` costs a few files per process of the family; the fallback reads
+    every process's stat on the machine (~12 ms with 70 processes, each heartbeat, in every service).
+    """
+    children: list[int] = []
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return children
+    for task in tasks:
+        try:
+            children += [int(c) for c in (task / "children").read_text().split()]
+        except FileNotFoundError:
+            if not task.exists():
+                continue  # the thread ended meanwhile
+            return None
+        except OSError:
+            continue
+    return children
+
+
+def _descendants_by_scan() -> list[int]:
+    """This process and its descendants, from every process's parent pid."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            stat = _stat_fields(int(entry.name))
+            if stat is not None:
+                parents[int(entry.name)] = int(stat[1])
+    family, todo = [], [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        family.append(pid)
+        todo.extend(child for child, parent in parents.items() if parent == pid)
+    return family
 
 
 def _stat_fields(pid: int) -> list[str] | None:
