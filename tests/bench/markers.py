@@ -44,8 +44,12 @@ class Load:
 
     def __init__(self, bootstrap: str, topic: str, keys: int = workload.KEYS) -> None:
         self.topic = topic
-        # Markers must not wait for a batch to fill: linger 1 ms.
-        self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 1})
+        # Background events go out as a client with default batching sends them (librdkafka's linger.ms,
+        # 5 ms). Markers must not wait for a batch to fill: their own producer, linger 1 ms. (One
+        # producer at 1 ms for both sent a request every ~3 ms, ~350/s at any rate: at 1,000 events/s
+        # that alone was a quarter of the broker's CPU, on the cores the stack under test runs on.)
+        self.producer = Producer({"bootstrap.servers": bootstrap})
+        self.marker_producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 1})
         self.keys = [f"k{i:04d}" for i in range(keys)]
         self.counts: Counter[workload.Window] = Counter()
         self.markers: list[Marker] = []
@@ -60,6 +64,7 @@ class Load:
     ) -> list[Marker]:
         """Send for ``seconds`` (or until ``until()`` says so); returns the markers sent meanwhile."""
         producer, produce, keys, counts = self.producer, self.producer.produce, self.keys, self.counts
+        marker_producer, produce_marker = self.marker_producer, self.marker_producer.produce
         first_marker = len(self.markers)
         started = time.monotonic()
         background = markers = 0
@@ -72,7 +77,7 @@ class Load:
             for _ in range(int(elapsed * rate) - background):
                 k = keys[self.sent % len(keys)]
                 value = orjson.dumps({"k": k, "user": "u1", "value": 1.0, "ts": ts})
-                self._produce(produce, value)
+                self._produce(producer, produce, value)
                 counts[(k, window)] += 1
                 self.sent += 1
                 background += 1
@@ -80,25 +85,27 @@ class Load:
                 key = f"{MARKER_PREFIX}{len(self.markers):07d}"
                 sent = time.time()
                 ts_marker = int(sent * 1000)
-                self._produce(produce, orjson.dumps({"k": key, "user": "u1", "value": 1.0, "ts": ts_marker}))
+                value = orjson.dumps({"k": key, "user": "u1", "value": 1.0, "ts": ts_marker})
+                self._produce(marker_producer, produce_marker, value)
                 self.markers.append(Marker(key, sent))
                 counts[(key, ts_marker - ts_marker % workload.WINDOW_MS)] += 1
                 self.sent += 1
                 markers += 1
             producer.poll(0)
+            marker_producer.poll(0)
             time.sleep(0.002)
         return self.markers[first_marker:]
 
-    def _produce(self, produce: Callable[..., None], value: bytes) -> None:
+    def _produce(self, producer: Producer, produce: Callable[..., None], value: bytes) -> None:
         while True:
             try:
                 produce(self.topic, value)
                 return
             except BufferError:
-                self.producer.poll(0.01)
+                producer.poll(0.01)
 
     def flush(self) -> None:
-        if self.producer.flush(60) != 0:
+        if self.producer.flush(60) != 0 or self.marker_producer.flush(60) != 0:
             raise RuntimeError(f"not every event reached {self.topic}")
 
     def wait_exact(self, client: redis.Redis, job_id: str, timeout_s: float = 180) -> workload.Outcome:
