@@ -87,14 +87,10 @@ class LoadMeter:
 
     def _pids(self) -> list[int]:
         """This process and its descendants (a PySpark driver's JVM counts as the processor's load)."""
-        family, todo = [], [os.getpid()]
-        while todo:
-            pid = todo.pop()
-            family.append(pid)
-            children = _children(pid)
-            if children is None:  # a kernel without /proc/<pid>/task/<tid>/children
-                return _descendants_by_scan()
-            todo.extend(children)
+        family = _family(_children)
+        if family is None:  # a kernel without /proc/<pid>/task/<tid>/children
+            family = _family(_children_by_scan())
+        assert family is not None
         return family
 
     def _cpu_seconds(self, family: list[int]) -> float:
@@ -142,19 +138,27 @@ def _children(pid: int) -> list[int] | None:
     return children
 
 
-def _descendants_by_scan() -> list[int]:
-    """This process and its descendants, from every process's parent pid."""
-    parents: dict[int, int] = {}
+def _children_by_scan() -> Callable[[int], list[int]]:
+    """Child pids by parent, from every process's stat (one read of the whole of /proc)."""
+    children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             stat = _stat_fields(int(entry.name))
             if stat is not None:
-                parents[int(entry.name)] = int(stat[1])
+                children.setdefault(int(stat[1]), []).append(int(entry.name))
+    return lambda pid: children.get(pid, [])
+
+
+def _family(children_of: Callable[[int], list[int] | None]) -> list[int] | None:
+    """This process and its descendants; None when ``children_of`` cannot tell (returns None)."""
     family, todo = [], [os.getpid()]
     while todo:
         pid = todo.pop()
         family.append(pid)
-        todo.extend(child for child, parent in parents.items() if parent == pid)
+        children = children_of(pid)
+        if children is None:
+            return None
+        todo.extend(children)
     return family
 
 

@@ -63,8 +63,7 @@ class Load:
         until: Callable[[], bool] | None = None,
     ) -> list[Marker]:
         """Send for ``seconds`` (or until ``until()`` says so); returns the markers sent meanwhile."""
-        producer, produce, keys, counts = self.producer, self.producer.produce, self.keys, self.counts
-        marker_producer, produce_marker = self.marker_producer, self.marker_producer.produce
+        producer, marker_producer, keys, counts = self.producer, self.marker_producer, self.keys, self.counts
         first_marker = len(self.markers)
         started = time.monotonic()
         background = markers = 0
@@ -77,7 +76,7 @@ class Load:
             for _ in range(int(elapsed * rate) - background):
                 k = keys[self.sent % len(keys)]
                 value = orjson.dumps({"k": k, "user": "u1", "value": 1.0, "ts": ts})
-                self._produce(producer, produce, value)
+                self._produce(producer, value)
                 counts[(k, window)] += 1
                 self.sent += 1
                 background += 1
@@ -86,7 +85,7 @@ class Load:
                 sent = time.time()
                 ts_marker = int(sent * 1000)
                 value = orjson.dumps({"k": key, "user": "u1", "value": 1.0, "ts": ts_marker})
-                self._produce(marker_producer, produce_marker, value)
+                self._produce(marker_producer, value)
                 self.markers.append(Marker(key, sent))
                 counts[(key, ts_marker - ts_marker % workload.WINDOW_MS)] += 1
                 self.sent += 1
@@ -96,10 +95,10 @@ class Load:
             time.sleep(0.002)
         return self.markers[first_marker:]
 
-    def _produce(self, producer: Producer, produce: Callable[..., None], value: bytes) -> None:
+    def _produce(self, producer: Producer, value: bytes) -> None:
         while True:
             try:
-                produce(self.topic, value)
+                producer.produce(self.topic, value)
                 return
             except BufferError:
                 producer.poll(0.01)

@@ -55,7 +55,7 @@ def test_the_family_is_this_process_its_children_and_theirs(family: subprocess.P
     assert family.pid in pids
     assert set(grandchildren) <= set(pids)
     # The same family as a scan of every process's parent (the fallback) finds.
-    assert sorted(pids) == sorted(registry._descendants_by_scan())
+    assert sorted(pids) == sorted(registry._family(registry._children_by_scan()) or [])
 
 
 def test_cpu_and_memory_of_descendants_count(family: subprocess.Popen[str]) -> None:
