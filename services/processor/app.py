@@ -32,8 +32,11 @@ from shared.proto import streamforge_pb2 as pb
 log = logging.getLogger(__name__)
 DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+CHECKPOINT_FILE_MANAGER = (
+    "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
+)
 
-__all__ = ["ROCKSDB_PROVIDER", "Processor", "ProcessorError", "build_spark"]
+__all__ = ["CHECKPOINT_FILE_MANAGER", "ROCKSDB_PROVIDER", "Processor", "ProcessorError", "build_spark"]
 
 
 def class_archive_options(archive: str) -> str:
@@ -57,6 +60,13 @@ def build_spark(settings: ProcessorSettings, jars: list[str]) -> SparkSession:
         .config("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
         # Changelog checkpointing uploads only the changed state per batch, not a RocksDB snapshot.
         .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
+        # Checkpoint files (offset and commit logs, state changelogs) through Hadoop's FileSystem API,
+        # not FileContext: without Hadoop's native library, FileContext's rename of a local file runs
+        # `readlink` four times (a process each), and every batch writes three such files. Its one
+        # advantage, a rename that refuses to overwrite atomically, guards against two queries
+        # writing one checkpoint, which the checkpoint lease (leases.py) already rules out; a local
+        # rename(2) is atomic either way. services/processor/README.md, Checkpoint files.
+        .config("spark.sql.streaming.checkpointFileManagerClass", CHECKPOINT_FILE_MANAGER)
         # Everything runs on this machine: without these Spark binds to the first non-loopback address.
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")

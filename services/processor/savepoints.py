@@ -189,6 +189,10 @@ def restore(
     try:
         shutil.copytree(savepoint.checkpoint, tmp)
         _write_atomic(tmp / "metadata", orjson.dumps({"id": str(uuid.uuid4())}))
+        # Hadoop's checksum of the old metadata (Spark writes one next to each checkpoint file):
+        # left in place it no longer matches, and Spark refuses to start the query on it.
+        with contextlib.suppress(FileNotFoundError):
+            (tmp / ".metadata.crc").unlink()
         if versions is None:
             versions = versions_of(tmp)  # the saved state's: it has a row count or it has not
         with contextlib.suppress(FileNotFoundError):

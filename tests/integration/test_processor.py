@@ -11,7 +11,7 @@ from pyspark.sql import SparkSession
 from infra.class_archive import existing_class_archive
 from infra.datagen import oracle_window_counts
 from infra.fetch import spark_kafka_jars
-from services.processor.app import build_spark
+from services.processor.app import CHECKPOINT_FILE_MANAGER, build_spark
 from services.processor.query import start_query
 from services.processor.settings import ProcessorSettings
 from shared.jobspec import JobSpec
@@ -120,3 +120,28 @@ def test_restart_from_checkpoint_does_not_double_count(
             query.stop()
     expected = oracle_window_counts(events, 10_000)
     assert latest_counts(kafka_bootstrap, spec.output_topic, len(expected)) == expected
+
+
+def test_checkpoint_files_go_through_the_file_system_api(
+    spark: SparkSession, kafka_bootstrap: str, unique: str, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    """The offset and commit logs and the state changelogs are written through Hadoop's FileSystem
+    API (app.py: FileContext forks `readlink` for every rename of a local file), and a query still
+    writes and resumes its checkpoint through it."""
+    spec = spec_for(unique)
+    ensure_topics(kafka_bootstrap, [spec.source.valid_topic, spec.output_topic], partitions=1)
+    checkpoint = tmp_path / "ckpt"
+    send(kafka_bootstrap, spec, [{"page": "/a", "ts": 1_767_225_600_000 + i} for i in range(50)])
+    query = start_query(spark, spec, kafka_bootstrap, str(checkpoint), max_offsets=100_000)
+    try:
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    manager = jvm.org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager.create(
+        jvm.org.apache.hadoop.fs.Path(str(checkpoint)), spark._jsparkSession.sessionState().newHadoopConf()
+    )
+    assert manager.getClass().getName() == CHECKPOINT_FILE_MANAGER
+    assert (checkpoint / "offsets" / "0").is_file() and (checkpoint / "commits" / "0").is_file()
+    assert list((checkpoint / "state" / "0" / "0").glob("*.changelog"))
