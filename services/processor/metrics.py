@@ -25,6 +25,7 @@ from typing import Any
 import orjson
 from opentelemetry.trace import Tracer
 from prometheus_client import Counter, Gauge
+from pyspark import SparkContext
 from pyspark.sql.streaming import StreamingQueryListener
 
 from services.processor.tracing import SPARK_OBSERVATION, spark_progress_times
@@ -163,6 +164,7 @@ class JobMetricsListener(StreamingQueryListener):
         self._jobs: dict[str, JobTotals] = {}
         self._runs_reported: set[str] = set()  # query runs whose first batch was logged
         self.tracer = tracer
+        self._java_listener: Any = None
 
     def latest(self, job_id: str) -> JobTotals | None:
         with self._lock:
@@ -212,17 +214,54 @@ class JobMetricsListener(StreamingQueryListener):
             )
 
     # --- StreamingQueryListener ----------------------------------------------------------------------
+    @property
+    def _jlistener(self) -> Any:
+        """What ``spark.streams.addListener`` / ``removeListener`` register: Spark's wrapper around
+        ``_JsonEvents`` instead of pyspark's own, which turns every progress report into Python field
+        by field over py4j (~100 round trips per batch, each observed metric through a class lookup
+        that scans every jar) -- at one batch a second that cost ~0.3 cores of the JVM and the driver."""
+        if self._java_listener is None:
+            jvm = SparkContext._jvm
+            assert jvm is not None, "a SparkContext first"
+            wrapper = jvm.org.apache.spark.sql.streaming.PythonStreamingQueryListenerWrapper
+            self._java_listener = wrapper(_JsonEvents(self))
+        return self._java_listener
+
     def onQueryStarted(self, event: Any) -> None:
-        log.info("query %s started (id %s)", event.name, event.id)
+        self.query_started({"name": event.name, "id": str(event.id)})
 
     def onQueryProgress(self, event: Any) -> None:
+        self.progress(event.progress.json)
+
+    def onQueryIdle(self, event: Any) -> None:
+        pass
+
+    def onQueryTerminated(self, event: Any) -> None:
+        self.query_terminated({"id": str(event.id), "exception": event.exception})
+
+    def query_started(self, event: dict[str, Any]) -> None:
+        log.info("query %s started (id %s)", event.get("name"), event.get("id"))
+
+    def query_terminated(self, event: dict[str, Any]) -> None:
+        exception = event.get("exception")
+        if exception:
+            log.error("query %s failed: %s", event.get("id"), str(exception).splitlines()[0])
+        else:
+            log.info("query %s stopped", event.get("id"))
+
+    def progress(self, progress_json: str) -> None:
+        """One StreamingQueryProgress, as Spark's JSON of it."""
         try:
-            progress = orjson.loads(event.progress.json)
+            progress = orjson.loads(progress_json)
             if str(progress.get("name") or "").startswith(constants.WARMUP_JOB_PREFIX):
                 return  # the warm-up's throwaway job (warmup.py): no metrics, no spans
             m = metrics_from_progress(progress)
             self.record(m)
             self._log_first_batch(progress, m)
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug(
+                    "job %s: batch %d (%d rows): %s", m.job_id, m.batch_id, m.input_rows, _where(progress)
+                )
             if self.tracer is not None and m.input_rows:
                 self._batch_span(self.tracer, progress, m)
         except Exception:  # a metrics bug must never disturb the queries
@@ -235,23 +274,13 @@ class JobMetricsListener(StreamingQueryListener):
         if not m.input_rows or run in self._runs_reported:
             return
         self._runs_reported.add(run)
-        durations = progress.get("durationMs") or {}
-        parts = ", ".join(f"{k} {v}" for k, v in sorted(durations.items(), key=lambda kv: -int(kv[1])))
-        # Inside addBatch: what each stateful operator spent on its state store.
-        state = "; ".join(
-            f"state {op.get('operatorName', '?')}: updates {op.get('allUpdatesTimeMs', '?')} ms, "
-            f"removals {op.get('allRemovalsTimeMs', '?')} ms, commit {op.get('commitTimeMs', '?')} ms"
-            for op in progress.get("stateOperators") or []
-            if isinstance(op, dict)
-        )
         log.info(
-            "job %s: first batch of this run (batch %d, %d rows) took %d ms: %s%s",
+            "job %s: first batch of this run (batch %d, %d rows) took %d ms: %s",
             m.job_id,
             m.batch_id,
             m.input_rows,
             m.batch_duration_ms,
-            parts,
-            f"; {state}" if state else "",
+            _where(progress),
         )
 
     @staticmethod
@@ -269,11 +298,38 @@ class JobMetricsListener(StreamingQueryListener):
             attributes={"sf.job": m.job_id, "sf.batch_id": m.batch_id, "sf.input_rows": m.input_rows},
         )
 
-    def onQueryIdle(self, event: Any) -> None:
+
+class _JsonEvents:
+    """The listener's Java side (py4j): each event reaches Python as Spark's JSON of it, one call."""
+
+    def __init__(self, listener: JobMetricsListener) -> None:
+        self.listener = listener
+
+    def onQueryStarted(self, jevent: Any) -> None:
+        self.listener.query_started(orjson.loads(jevent.json()))
+
+    def onQueryProgress(self, jevent: Any) -> None:
+        self.listener.progress(jevent.progress().json())
+
+    def onQueryIdle(self, jevent: Any) -> None:
         pass
 
-    def onQueryTerminated(self, event: Any) -> None:
-        if event.exception:
-            log.error("query %s failed: %s", event.id, event.exception.splitlines()[0])
-        else:
-            log.info("query %s stopped", event.id)
+    def onQueryTerminated(self, jevent: Any) -> None:
+        self.listener.query_terminated(orjson.loads(jevent.json()))
+
+    class Java:
+        implements = ["org.apache.spark.sql.streaming.PythonStreamingQueryListener"]
+
+
+def _where(progress: dict[str, Any]) -> str:
+    """Where a batch's time went: Spark's durations, longest first, and each state store's work."""
+    durations = progress.get("durationMs") or {}
+    parts = ", ".join(f"{k} {v}" for k, v in sorted(durations.items(), key=lambda kv: -int(kv[1])))
+    # Inside addBatch: what each stateful operator spent on its state store.
+    state = "; ".join(
+        f"state {op.get('operatorName', '?')}: updates {op.get('allUpdatesTimeMs', '?')} ms, "
+        f"removals {op.get('allRemovalsTimeMs', '?')} ms, commit {op.get('commitTimeMs', '?')} ms"
+        for op in progress.get("stateOperators") or []
+        if isinstance(op, dict)
+    )
+    return f"{parts}; {state}" if state else parts

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
+from typing import Any
 
 import orjson
 import pytest
@@ -12,6 +14,7 @@ from infra.class_archive import existing_class_archive
 from infra.datagen import oracle_window_counts
 from infra.fetch import spark_kafka_jars
 from services.processor.app import CHECKPOINT_FILE_MANAGER, build_spark
+from services.processor.metrics import BatchMetrics, JobMetricsListener
 from services.processor.query import start_query
 from services.processor.settings import ProcessorSettings
 from shared.jobspec import JobSpec
@@ -145,3 +148,46 @@ def test_checkpoint_files_go_through_the_file_system_api(
     assert manager.getClass().getName() == CHECKPOINT_FILE_MANAGER
     assert (checkpoint / "offsets" / "0").is_file() and (checkpoint / "commits" / "0").is_file()
     assert list((checkpoint / "state" / "0" / "0").glob("*.changelog"))
+
+
+def test_the_metrics_listener_takes_each_progress_report_as_json(
+    spark: SparkSession, kafka_bootstrap: str, unique: str, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    """Registered as any listener is, it receives Spark's JSON of a progress report (one py4j call),
+    not pyspark's field-by-field conversion of it, and reads the batch from it."""
+    paths: list[str] = []
+    rows: list[int] = []
+
+    class Recording(JobMetricsListener):
+        def record(self, m: BatchMetrics, now_ms: int | None = None) -> None:
+            rows.append(m.input_rows)
+            super().record(m, now_ms)
+
+        def onQueryProgress(self, event: Any) -> None:  # pyspark's conversion
+            paths.append("pyspark")
+            super().onQueryProgress(event)
+
+        def progress(self, progress_json: str) -> None:
+            paths.append("json")
+            super().progress(progress_json)
+
+    listener = Recording()
+    spec = spec_for(unique)
+    ensure_topics(kafka_bootstrap, [spec.source.valid_topic, spec.output_topic], partitions=1)
+    send(kafka_bootstrap, spec, [{"page": "/a", "ts": 1_767_225_600_000 + i} for i in range(40)])
+    spark.streams.addListener(listener)
+    query = None
+    try:
+        query = start_query(spark, spec, kafka_bootstrap, str(tmp_path / "ckpt"), max_offsets=100_000)
+        query.processAllAvailable()
+        deadline = time.monotonic() + 30  # progress reaches listeners asynchronously
+        while sum(rows) < 40:
+            assert time.monotonic() < deadline, f"the listener read {rows} rows from {paths}"
+            time.sleep(0.2)
+    finally:
+        if query is not None:
+            query.stop()
+        spark.streams.removeListener(listener)
+    assert sum(rows) == 40
+    assert set(paths) == {"json"}
+    assert listener.latest(spec.id) is not None
