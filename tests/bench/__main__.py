@@ -8,8 +8,8 @@
 
 The report's parts (tests/bench/bench_<part>.py, in this order): kafka, ingest, spark, pipeline,
 freshness, recovery, memory, faust. The component benches (processor, sink, sink_faust, tracing,
-startup, wire, commits) measure one piece each, on their own broker where they need one, and are
-not in the report.
+startup, wire, commits, checkpoints) measure one piece each, on their own broker where they need one,
+and are not in the report.
 
 Each part runs in its own Python process (a part's SparkSession, JVM or faust event loop ends with
 it) and writes .run/bench/<part>.json; a part that fails writes its error there and the others still
@@ -34,7 +34,16 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 OUT = HERE.parents[1] / ".run" / "bench"
 REPORT_PARTS = ("kafka", "ingest", "spark", "pipeline", "freshness", "recovery", "memory", "faust")
-COMPONENT_BENCHES = ("processor", "sink", "sink_faust", "tracing", "startup", "wire", "commits")
+COMPONENT_BENCHES = (
+    "processor",
+    "sink",
+    "sink_faust",
+    "tracing",
+    "startup",
+    "wire",
+    "commits",
+    "checkpoints",
+)
 
 
 def run_part(name: str) -> int:
