@@ -365,4 +365,4 @@ def test_a_real_time_job_without_a_trigger_interval_checkpoints_every_30_s_not_e
     spec = spec_dict()
     spec.pop("trigger_interval", None)
     assert parse_job_spec(orjson.dumps({**spec, "trigger_mode": "real_time"})).trigger_interval == 30_000
-    assert parse_job_spec(orjson.dumps(spec)).trigger_interval == 1_000  # micro-batch: unchanged
+    assert parse_job_spec(orjson.dumps(spec)).trigger_interval == 500  # micro-batch: its own default
