@@ -53,7 +53,7 @@ def test_page_views_builder_equals_the_demo_spec() -> None:
         .window(tumbling("10s"))
         .watermark("5s")
         .aggregate(count(as_="views"))
-        .trigger("1s")
+        .trigger("500ms")
     )
     assert job.build() == load_job_spec(EXAMPLES / "page_views.yaml")
 
