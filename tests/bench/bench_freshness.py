@@ -19,22 +19,27 @@ on a key of its own (tests/bench/markers.py):
 - checked: after the load stops, every window in Redis equals the count of events sent to it.
 
 ``SF_BENCH_FRESHNESS_MODES=real_time_30s`` measures only the modes named (comma-separated).
+``SF_BENCH_SPARK_EVENT_LOG=1`` has the processor write Spark's event log (when this part starts it)
+and records each real-time mode's batch boundaries from it (tests/bench/boundaries.py).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import redis
 
+from infra import procs
 from infra.stack import StackConfig
 from shared import constants
 from shared.jobspec import JobSpec
 from shared.kafka import ensure_topics
-from tests.bench import workload
+from tests.bench import boundaries, workload
 from tests.bench.markers import (
     MARKER_PREFIX,
     Load,
@@ -44,7 +49,7 @@ from tests.bench.markers import (
     stage_breakdown,
 )
 from tests.bench.probe import StageProbe
-from tests.bench.stack import Control, SpecRefused, services_up
+from tests.bench.stack import RUN, Control, SpecRefused, services_up
 
 # Real-time batches last at least spark.sql.streaming.realTimeMode.minBatchDuration (5 s); rows flow
 # through them as they come, the batch length only sets how often the query checkpoints -- and pauses
@@ -134,7 +139,21 @@ def warm_up(cfg: StackConfig, control: Control) -> None:
         control.cancel(job_id)
 
 
+def _event_log() -> Path | str:
+    """Where the processor writes Spark's event log (SF_BENCH_SPARK_EVENT_LOG=1), or why it does not."""
+    if os.environ.get("SF_BENCH_SPARK_EVENT_LOG") != "1":
+        return "off (SF_BENCH_SPARK_EVENT_LOG=1 turns it on)"
+    if procs.is_running("processor", RUN):
+        return "not written: the processor was already running (run this part alone)"
+    directory = RUN / "spark-events"
+    directory.mkdir(parents=True, exist_ok=True)
+    conf = json.loads(os.environ.get("SF_PROCESSOR_SPARK_CONF") or "{}")
+    os.environ["SF_PROCESSOR_SPARK_CONF"] = json.dumps({**conf, **boundaries.event_log_conf(directory)})
+    return directory
+
+
 def main() -> dict[str, Any]:
+    event_log = _event_log()
     cfg = services_up()
     client = redis.Redis.from_url(cfg.redis_url)
     out: dict[str, Any] = {
@@ -147,4 +166,10 @@ def main() -> dict[str, Any]:
         warm_up(cfg, control)
         modes = os.environ.get("SF_BENCH_FRESHNESS_MODES", ",".join(DEFAULT_MODES)).split(",")
         out["modes"] = {mode: measure_mode(cfg, control, client, mode) for mode in modes}
+    if isinstance(event_log, Path):
+        events = boundaries.read_events(event_log)
+        for result in out["modes"].values():
+            if result.get("available") and result.get("job"):
+                result["boundaries"] = boundaries.summary(boundaries.boundaries(events, result["job"]))
+    out["spark_event_log"] = str(event_log)
     return out

@@ -225,7 +225,35 @@ def _freshness_md(part: Part | None) -> list[str]:
         "→ its window's update produced to the output topic (with ingest's transaction commit); sink = "
         "→ written to Redis (with the output topic's delivery).",
     ]
-    return [*out, ""]
+    return [*out, *_boundaries_md(part), ""]
+
+
+def _boundaries_md(part: Part) -> list[str]:
+    """The real-time modes' batch boundaries, when the part read them from Spark's event log."""
+    rows = [(mode, m["boundaries"]) for mode, m in part.get("modes", {}).items() if m.get("boundaries")]
+    if not rows:
+        return []
+    steps = ("state_committed_ms", "batch_started_ms", "job_submitted_ms", "tasks_launched_ms")
+    out = [
+        "",
+        "Real-time batch boundaries (Spark's event log, tests/bench/boundaries.py), p50 / max of each step "
+        "from the source's last read of a batch: its state committed (job end) → the next batch started → "
+        "its job submitted → its tasks launched:",
+        "",
+        "| mode | boundaries | not reading | state committed | batch started | job submitted "
+        "| tasks launched | records waiting (max) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for mode, b in rows:
+        cells = " | ".join(
+            f"{_ms(b.get(k, {}).get('p50_ms'))} / {_ms(b.get(k, {}).get('max_ms'))}"
+            for k in ("not_reading_ms", *steps)
+        )
+        out.append(
+            f"| {mode.replace('_', '-')} | {b.get('boundaries', 0)} | {cells} "
+            f"| {b.get('waiting_records_max')} |"
+        )
+    return out
 
 
 VARIANT_LABELS = {
