@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from infra import apt, class_archive, fetch, pki, procs
+from infra import apt, class_archive, fetch, local_fs, pki, procs
 from infra.errors import InfraError
 from infra.kafka_broker import KafkaBroker
 from infra.paths import CACHE_DIR, RUN_DIR
@@ -82,6 +82,8 @@ def cmd_setup(args: argparse.Namespace) -> None:
     _step(f"java: {fetch.require_java()}")
     cmd_fetch(args)
     t1 = time.monotonic()
+    fs_jar, fs_made = local_fs.ensure_local_fs_jar(args.cache_dir, log=_step)
+    _done(f"processor local file system: {fs_jar.name} ({'compiled' if fs_made else 'cached'})", t1)
     archive, made = class_archive.ensure_class_archive(args.cache_dir, log=_step)
     _done(f"processor class archive: {archive.name} ({'made' if made else 'cached'})", t1)
     _step("redis-server (Debian package)")

@@ -1,9 +1,10 @@
 """The processor's class-data-sharing archive (services/processor/class_archive.py), made once per
 JDK, pyspark and virtualenv into CACHE_DIR/class-archive/ at set-up.
 
-The archive fits the JVM that made it and the class path it saw (the pyspark jars, by absolute path):
-its file name carries a digest of both, so a new JDK, pyspark or venv location makes a new one, and
-the processor is never pointed at an archive its JVM would ignore.
+The archive fits the JVM that made it and the class path it saw (the pyspark jars, by absolute path,
+and the processor's local file system jar, infra/local_fs.py): its file name carries a digest of
+them, so a new JDK, pyspark, venv location or file system jar makes a new one, and the processor is
+never pointed at an archive its JVM would ignore.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from infra.errors import InfraError
 from infra.fetch import Log, pyspark_jars_dir, pyspark_version, spark_kafka_jars
+from infra.local_fs import existing_local_fs_jar
 from infra.paths import CACHE_DIR, ROOT
 
 BUILD_TIMEOUT_S = 600
@@ -35,7 +37,8 @@ def _java_version() -> str:
 
 
 def archive_path(cache_dir: Path = CACHE_DIR) -> Path:
-    key = "\n".join([_java_version(), pyspark_version(), str(pyspark_jars_dir().resolve())])
+    class_path = [str(pyspark_jars_dir().resolve()), existing_local_fs_jar(cache_dir)]
+    key = "\n".join([_java_version(), pyspark_version(), *class_path])
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return cache_dir / "class-archive" / f"processor-{digest}.jsa"
 
@@ -47,7 +50,8 @@ def ensure_class_archive(cache_dir: Path = CACHE_DIR, *, log: Log = _stderr_log)
         return path, False
     log(f"making the processor's class archive {path.name} (a short Spark run, once per JDK and pyspark)")
     jars = [f"--jar={j}" for j in spark_kafka_jars(cache_dir, log=log)]
-    cmd = [sys.executable, "-m", "services.processor.class_archive", str(path), *jars]
+    local_fs = f"--local-fs-jar={existing_local_fs_jar(cache_dir)}"
+    cmd = [sys.executable, "-m", "services.processor.class_archive", str(path), *jars, local_fs]
     try:
         done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
     except subprocess.TimeoutExpired as e:
@@ -62,3 +66,12 @@ def existing_class_archive(cache_dir: Path = CACHE_DIR) -> str:
     """The archive's path when set-up made it, else "" (the processor then starts without one)."""
     path = archive_path(cache_dir)
     return str(path) if path.is_file() else ""
+
+
+def processor_jvm_settings(cache_dir: Path = CACHE_DIR) -> dict[str, str]:
+    """ProcessorSettings fields for the JVM set-up made (its class archive and local file system jar);
+    the two go together: the archive was made with that jar on the class path."""
+    return {
+        "class_archive": existing_class_archive(cache_dir),
+        "local_fs_jar": existing_local_fs_jar(cache_dir),
+    }

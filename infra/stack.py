@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from infra import procs
-from infra.class_archive import existing_class_archive
+from infra.class_archive import processor_jvm_settings
 from infra.errors import InfraError
 from infra.fetch import spark_kafka_jars
 from infra.kafka_broker import KafkaBroker
@@ -144,7 +144,7 @@ def service_env(cfg: StackConfig) -> dict[str, str]:
         "SF_INGEST_METRICS_PORT": str(ingest_port),
         "SF_PROCESSOR_JOB_SPECS": specs,
         "SF_PROCESSOR_SPARK_JARS": json.dumps([str(p) for p in spark_kafka_jars()]),
-        "SF_PROCESSOR_CLASS_ARCHIVE": existing_class_archive(),
+        **{f"SF_PROCESSOR_{k.upper()}": v for k, v in processor_jvm_settings().items()},
         "SF_PROCESSOR_SPARK_UI_PORT": str(cfg.spark_ui_port),
         "SF_PROCESSOR_METRICS_PORT": str(processor_port),
         "SF_SINK_METRICS_PORT": str(sink_port),

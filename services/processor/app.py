@@ -44,6 +44,29 @@ def class_archive_options(archive: str) -> str:
     return f"-XX:SharedArchiveFile={archive} -Xshare:auto" if archive and Path(archive).is_file() else ""
 
 
+FORKLESS_LOCAL_FS = "io.streamforge.hadoop.ForklessLocalFileSystem"
+DRIVER_CLASS_PATH = "spark.driver.extraClassPath"
+
+
+def local_fs_options(settings: ProcessorSettings) -> dict[str, str]:
+    """Spark settings that give ``file:`` paths Hadoop's local file system without a `chmod` process
+    per created file (services/processor/jvm/.../ForklessLocalFileSystem.java), or {} to keep Hadoop's.
+
+    Without Hadoop's native library, every checkpoint file the driver's tasks create (offset and
+    commit logs, state changelogs, their checksums) forked the ~1 GB JVM for `chmod`: ~17 processes
+    per micro-batch. Only with a local master: the class is on this driver's class path alone, and
+    executors elsewhere would not find it.
+    """
+    jar = settings.local_fs_jar
+    if not jar or not settings.spark_master.startswith("local"):
+        return {}
+    if not Path(jar).is_file():
+        log.warning("local file system jar %s not found: Hadoop's own (a chmod process per file)", jar)
+        return {}
+    path = ":".join(p for p in (jar, settings.spark_conf.get(DRIVER_CLASS_PATH, "")) if p)
+    return {DRIVER_CLASS_PATH: path, "spark.hadoop.fs.file.impl": FORKLESS_LOCAL_FS}
+
+
 def build_spark(settings: ProcessorSettings, jars: list[str]) -> SparkSession:
     # Spark's web UI binds to SPARK_LOCAL_IP, else to every interface: keep it on loopback.
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
@@ -76,7 +99,7 @@ def build_spark(settings: ProcessorSettings, jars: list[str]) -> SparkSession:
         .config("spark.ui.killEnabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
     )
-    conf = dict(settings.spark_conf)
+    conf = {**settings.spark_conf, **local_fs_options(settings)}
     archive_options = class_archive_options(settings.class_archive)
     if archive_options:
         extra = conf.get(DRIVER_JAVA_OPTIONS, "")

@@ -89,8 +89,11 @@ def _train(spark: SparkSession, checkpoint: Path) -> None:
         query.stop()
 
 
-def make_archive(out: Path, jars: list[str]) -> Path:
-    """Run the training query in a JVM that writes its classes to ``out`` when it exits."""
+def make_archive(out: Path, jars: list[str], local_fs_jar: str = "") -> Path:
+    """Run the training query in a JVM that writes its classes to ``out`` when it exits.
+
+    ``local_fs_jar`` (app.py, local_fs_options) goes on the class path as the processor's will: an
+    archive only maps into a JVM whose class path matches the one it was made with."""
     out = out.resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(out.name + ".partial")
@@ -100,6 +103,7 @@ def make_archive(out: Path, jars: list[str]) -> Path:
             data_dir=tmp,
             spark_ui_enabled=False,
             spark_jars=jars,
+            local_fs_jar=local_fs_jar,
             spark_conf={"spark.driver.extraJavaOptions": f"-XX:ArchiveClassesAtExit={partial}"},
         )
         spark = build_spark(settings, jars)
@@ -122,12 +126,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path, help="the archive to write")
     parser.add_argument("--jar", action="append", default=[], help="a jar for spark.jars (repeatable)")
+    parser.add_argument("--local-fs-jar", default="", help="the processor's local file system jar")
     args = parser.parse_args(argv)
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         print("java not found", file=sys.stderr)
         return 1
     started = time.monotonic()
-    out = make_archive(args.out, args.jar)
+    out = make_archive(args.out, args.jar, args.local_fs_jar)
     print(f"class archive {out} ({out.stat().st_size // 2**20} MiB) in {time.monotonic() - started:.1f} s")
     return 0
 

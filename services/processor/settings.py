@@ -22,6 +22,9 @@ class ProcessorSettings(BaseServiceSettings):
     # A class-data-sharing archive for the driver JVM (services/processor/class_archive.py): the
     # session and a job's first batch start sooner. Missing or stale: the JVM starts without it.
     class_archive: str = ""
+    # Hadoop's local file system without a `chmod` process per created file (infra/local_fs.py builds
+    # the jar at set-up and fills the setting). Empty or missing: Hadoop's own, which forks.
+    local_fs_jar: str = ""
     # Extra Spark settings, e.g. {"spark.sql.streaming.realTimeMode.minBatchDuration": "2000ms"}.
     spark_conf: dict[str, str] = Field(default_factory=dict)
     # Spark's web UI, on 127.0.0.1 only and without its kill links; off saves ~50 MB and a port.

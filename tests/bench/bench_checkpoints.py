@@ -25,6 +25,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from infra.class_archive import processor_jvm_settings
 from infra.fetch import spark_kafka_jars
 from services.processor.app import CHECKPOINT_FILE_MANAGER, build_spark
 from services.processor.settings import ProcessorSettings
@@ -102,7 +103,8 @@ class ExecCounter:
 
 
 def main() -> dict[str, Any]:
-    spark = build_spark(ProcessorSettings(spark_ui_enabled=False), [str(p) for p in spark_kafka_jars()])
+    settings = ProcessorSettings(spark_ui_enabled=False, **processor_jvm_settings())  # the processor's JVM
+    spark = build_spark(settings, [str(p) for p in spark_kafka_jars()])
     root = Path(tempfile.mkdtemp(prefix="sf-bench-checkpoints-"))
     runs: dict[str, list[dict[str, float | None]]] = {name: [] for name in MANAGERS}
     try:

@@ -26,7 +26,7 @@ import orjson
 from confluent_kafka import Consumer, Producer
 from pyspark.sql import SparkSession
 
-from infra.class_archive import existing_class_archive
+from infra.class_archive import processor_jvm_settings
 from infra.fetch import spark_kafka_jars
 from infra.paths import RUN_DIR
 from infra.stack import StackConfig, broker
@@ -178,7 +178,7 @@ def main() -> dict[str, float | str]:
     b.start()
     b.wait_ready()
     settings = ProcessorSettings(
-        spark_ui_port=14040 + _OFFSET, kafka_bootstrap=CFG.bootstrap, class_archive=existing_class_archive()
+        spark_ui_port=14040 + _OFFSET, kafka_bootstrap=CFG.bootstrap, **processor_jvm_settings()
     )
     spark = build_spark(settings, [str(p) for p in spark_kafka_jars()])
     spark.sparkContext.setLogLevel("ERROR")

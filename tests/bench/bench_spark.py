@@ -24,7 +24,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from infra.class_archive import existing_class_archive
+from infra.class_archive import processor_jvm_settings
 from infra.fetch import spark_kafka_jars
 from services.ingest.app import Ingest
 from services.ingest.settings import IngestSettings
@@ -137,7 +137,7 @@ def main() -> dict[str, Any]:
     settings = ProcessorSettings(
         kafka_bootstrap=cfg.bootstrap,
         spark_ui_port=cfg.spark_ui_port + 1,
-        class_archive=existing_class_archive(),  # as the service starts its JVM
+        **processor_jvm_settings(),  # as the service starts its JVM
     )
     out["max_offsets_per_trigger"] = settings.max_offsets_per_trigger
     out["max_records_per_read_task"] = settings.max_records_per_read_task

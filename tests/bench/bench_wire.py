@@ -17,7 +17,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from infra.class_archive import existing_class_archive
+from infra.class_archive import processor_jvm_settings
 from infra.fetch import spark_kafka_jars
 from services.processor.app import build_spark
 from services.processor.settings import ProcessorSettings
@@ -54,7 +54,7 @@ def run_once(spark: SparkSession, df: DataFrame, fmt: str) -> tuple[float, list[
 
 
 def main() -> dict[str, Any]:
-    settings = ProcessorSettings(spark_ui_enabled=False, class_archive=existing_class_archive())
+    settings = ProcessorSettings(spark_ui_enabled=False, **processor_jvm_settings())
     spark = build_spark(settings, [str(p) for p in spark_kafka_jars()])
     spark.sparkContext.setLogLevel("ERROR")
     try:

@@ -10,10 +10,10 @@ import orjson
 import pytest
 from pyspark.sql import SparkSession
 
-from infra.class_archive import existing_class_archive
+from infra.class_archive import processor_jvm_settings
 from infra.datagen import oracle_window_counts
 from infra.fetch import spark_kafka_jars
-from services.processor.app import CHECKPOINT_FILE_MANAGER, build_spark
+from services.processor.app import CHECKPOINT_FILE_MANAGER, FORKLESS_LOCAL_FS, build_spark
 from services.processor.metrics import BatchMetrics, JobMetricsListener
 from services.processor.query import start_query
 from services.processor.settings import ProcessorSettings
@@ -31,9 +31,7 @@ _SESSION: list[SparkSession] = []
 def shared_spark(ui_port: int) -> SparkSession:
     """One SparkSession for every processor test module (each imports the `spark` fixture)."""
     if not _SESSION:
-        settings = ProcessorSettings(
-            spark_ui_port=ui_port, driver_memory="1g", class_archive=existing_class_archive()
-        )
+        settings = ProcessorSettings(spark_ui_port=ui_port, driver_memory="1g", **processor_jvm_settings())
         _SESSION.append(build_spark(settings, [str(p) for p in spark_kafka_jars()]))
     return _SESSION[0]
 
@@ -148,6 +146,45 @@ def test_checkpoint_files_go_through_the_file_system_api(
     assert manager.getClass().getName() == CHECKPOINT_FILE_MANAGER
     assert (checkpoint / "offsets" / "0").is_file() and (checkpoint / "commits" / "0").is_file()
     assert list((checkpoint / "state" / "0" / "0").glob("*.changelog"))
+
+
+def test_local_checkpoint_files_are_created_without_a_chmod_process(
+    spark: SparkSession, kafka_bootstrap: str, unique: str, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    """``file:`` paths go through the processor's local file system (app.py, local_fs_options): it
+    sets the permissions Hadoop asks for through java.nio, not a `chmod` process per file, and a
+    query writes and reads its checkpoint through it."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    hadoop = spark._jsparkSession.sessionState().newHadoopConf()
+    fs = jvm.org.apache.hadoop.fs.FileSystem.get(jvm.java.net.URI("file:///"), hadoop)
+    assert fs.getClass().getName() == FORKLESS_LOCAL_FS
+    assert (
+        not jvm.org.apache.hadoop.io.nativeio.NativeIO.isAvailable()
+    )  # else Hadoop's chmod is native anyway
+    target = tmp_path / "f"
+    target.write_text("x")
+    for mode in (0o640, 0o755, 0o604, 0o000):
+        fs.setPermission(
+            jvm.org.apache.hadoop.fs.Path(str(target)), jvm.org.apache.hadoop.fs.permission.FsPermission(mode)
+        )
+        assert target.stat().st_mode & 0o777 == mode
+    spec = spec_for(unique)
+    ensure_topics(kafka_bootstrap, [spec.source.valid_topic, spec.output_topic], partitions=1)
+    events = [{"page": "/a", "ts": 1_767_225_600_000 + i * 97} for i in range(300)]
+    checkpoint = tmp_path / "ckpt"
+    for part in (events[:120], events[120:]):  # a query writes its checkpoint, the next resumes it
+        send(kafka_bootstrap, spec, part)
+        query = start_query(spark, spec, kafka_bootstrap, str(checkpoint), max_offsets=100_000)
+        try:
+            query.processAllAvailable()
+        finally:
+            query.stop()
+    # Hadoop's mode for a new file (0666 less its fs.permissions.umask-mode, 022), with its checksum.
+    assert (checkpoint / "offsets" / "0").stat().st_mode & 0o777 == 0o644
+    assert (checkpoint / "offsets" / ".0.crc").is_file()
+    expected = oracle_window_counts(events, 10_000)
+    assert latest_counts(kafka_bootstrap, spec.output_topic, len(expected)) == expected
 
 
 def test_the_metrics_listener_takes_each_progress_report_as_json(
