@@ -168,8 +168,8 @@ def main() -> dict[str, Any]:
         out["modes"] = {mode: measure_mode(cfg, control, client, mode) for mode in modes}
     if isinstance(event_log, Path):
         events = boundaries.read_events(event_log)
-        for result in out["modes"].values():
-            if result.get("available") and result.get("job"):
+        for mode, result in out["modes"].items():
+            if MODES[mode].get("trigger_mode") == "real_time" and result.get("available"):
                 result["boundaries"] = boundaries.summary(boundaries.boundaries(events, result["job"]))
     out["spark_event_log"] = str(event_log)
     return out

@@ -120,8 +120,8 @@ def boundaries(events: Iterable[dict[str, Any]], job_id: str) -> list[dict[str, 
     for batch in sorted(by_batch):
         this, following = by_batch[batch], by_batch.get(batch + 1)
         nxt = progress.get(batch + 1)
-        if following is None or nxt is None:
-            continue
+        if following is None or nxt is None or not this["source_end"]:
+            continue  # the last batch, or a job without its source stage's tasks (not a real-time batch)
         moments = (
             this["source_end"],
             this["ended"],

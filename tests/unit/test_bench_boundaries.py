@@ -92,6 +92,11 @@ def test_a_query_with_one_batch_or_another_name_has_no_boundary() -> None:
     assert boundaries.summary([]) == {"boundaries": 0}
 
 
+def test_a_batch_whose_source_stage_ran_no_task_is_not_a_boundary() -> None:
+    log = [e for e in _log() if not (e["Event"] == "SparkListenerTaskEnd" and e["Stage ID"] == 10)]
+    assert boundaries.boundaries(log, "job-a") == []
+
+
 def test_summary_gives_percentiles_of_each_step() -> None:
     found = boundaries.boundaries(_log(), "job-a")
     s = boundaries.summary(found)
