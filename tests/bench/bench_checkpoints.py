@@ -9,6 +9,10 @@ default (FileContext API); per run, after WARMUP_BATCHES, the median per batch o
 commit, and, where `perf` can count them, the processes the machine exec'd (Hadoop's local file
 system forks `chmod` and, behind FileContext, `readlink`; each fork is two execs, jspawnhelper's and
 the command's). services/processor/README.md, Checkpoints and savepoints.
+
+The session has the processor's local file system when set-up made its jar (infra/local_fs.py): the
+FileSystem runs then create files without `chmod` processes. FileContext reaches local files through
+Hadoop's own AbstractFileSystem, not that class, and still forks for both.
 """
 
 from __future__ import annotations
