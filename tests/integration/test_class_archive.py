@@ -17,10 +17,12 @@ from infra.paths import ROOT
 
 pytestmark = pytest.mark.integration
 
-# Starts a session as the processor does, with the archive given, and runs one Spark job.
+# Starts a session as the processor does, with the archive given (and the local file system jar
+# set-up made: the archive was made with it on the class path), and runs one Spark job.
 SESSION = """
 import sys
 from infra.fetch import spark_kafka_jars
+from infra.local_fs import existing_local_fs_jar
 from services.processor.app import build_spark
 from services.processor.settings import ProcessorSettings
 archive, class_log = sys.argv[1], sys.argv[2]
@@ -28,6 +30,7 @@ settings = ProcessorSettings(
     spark_ui_enabled=False,
     data_dir=sys.argv[3],
     class_archive=archive,
+    local_fs_jar=existing_local_fs_jar(),
     spark_conf={"spark.driver.extraJavaOptions": f"-Xlog:class+load=info:file={class_log}"},
 )
 spark = build_spark(settings, [str(p) for p in spark_kafka_jars()])
