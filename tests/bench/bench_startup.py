@@ -27,12 +27,16 @@ import sys, tempfile, time
 from pathlib import Path
 began = time.monotonic()
 from infra.fetch import spark_kafka_jars
+from infra.local_fs import existing_local_fs_jar
 from services.processor import class_archive
 from services.processor.app import build_spark
 from services.processor.settings import ProcessorSettings
 imported = time.monotonic()
 tmp = tempfile.mkdtemp()
-settings = ProcessorSettings(spark_ui_enabled=False, data_dir=tmp, class_archive=sys.argv[1])
+# The processor's class path (the archive was made with its local file system jar on it).
+settings = ProcessorSettings(
+    spark_ui_enabled=False, data_dir=tmp, class_archive=sys.argv[1], local_fs_jar=existing_local_fs_jar()
+)
 spark = build_spark(settings, [str(p) for p in spark_kafka_jars()])
 session = time.monotonic()
 class_archive.TRAINING_BATCHES = 1
