@@ -10,7 +10,6 @@ never pointed at an archive its JVM would ignore.
 from __future__ import annotations
 
 import functools
-import hashlib
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +17,7 @@ from pathlib import Path
 from infra.errors import InfraError
 from infra.fetch import Log, pyspark_jars_dir, pyspark_version, spark_kafka_jars
 from infra.local_fs import existing_local_fs_jar
-from infra.paths import CACHE_DIR, ROOT
+from infra.paths import CACHE_DIR, ROOT, digest_named, existing
 
 BUILD_TIMEOUT_S = 600
 
@@ -36,21 +35,25 @@ def _java_version() -> str:
     return done.stderr.strip()
 
 
-def archive_path(cache_dir: Path = CACHE_DIR) -> Path:
-    class_path = [str(pyspark_jars_dir().resolve()), existing_local_fs_jar(cache_dir)]
-    key = "\n".join([_java_version(), pyspark_version(), *class_path])
-    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    return cache_dir / "class-archive" / f"processor-{digest}.jsa"
+def archive_path(cache_dir: Path = CACHE_DIR, local_fs_jar: str | None = None) -> Path:
+    """Where the archive for this JDK, pyspark and class path is; ``local_fs_jar`` defaults to the
+    one set-up made (``existing_local_fs_jar``)."""
+    if local_fs_jar is None:
+        local_fs_jar = existing_local_fs_jar(cache_dir)
+    class_path = [str(pyspark_jars_dir().resolve()), local_fs_jar]
+    key = [_java_version(), pyspark_version(), *class_path]
+    return digest_named(cache_dir / "class-archive", "processor", key, ".jsa")
 
 
 def ensure_class_archive(cache_dir: Path = CACHE_DIR, *, log: Log = _stderr_log) -> tuple[Path, bool]:
     """The archive for this JDK and pyspark, made when missing; (path, made now)."""
-    path = archive_path(cache_dir)
+    local_fs_jar = existing_local_fs_jar(cache_dir)
+    path = archive_path(cache_dir, local_fs_jar)
     if path.is_file():
         return path, False
     log(f"making the processor's class archive {path.name} (a short Spark run, once per JDK and pyspark)")
     jars = [f"--jar={j}" for j in spark_kafka_jars(cache_dir, log=log)]
-    local_fs = f"--local-fs-jar={existing_local_fs_jar(cache_dir)}"
+    local_fs = f"--local-fs-jar={local_fs_jar}"
     cmd = [sys.executable, "-m", "services.processor.class_archive", str(path), *jars, local_fs]
     try:
         done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
@@ -64,8 +67,7 @@ def ensure_class_archive(cache_dir: Path = CACHE_DIR, *, log: Log = _stderr_log)
 
 def existing_class_archive(cache_dir: Path = CACHE_DIR) -> str:
     """The archive's path when set-up made it, else "" (the processor then starts without one)."""
-    path = archive_path(cache_dir)
-    return str(path) if path.is_file() else ""
+    return existing(archive_path(cache_dir))
 
 
 def processor_jvm_settings(cache_dir: Path = CACHE_DIR) -> dict[str, str]:

@@ -8,6 +8,7 @@ Spark-Kafka jars in ``.cache/jars`` and the code. The chain, each a ``localhost/
     python:<version>   a user ``streamforge`` (uid 10001) and /opt/venv with the services' run-time
                        dependencies, pinned by requirements.lock (infra/containers/python.Containerfile)
     spark:<version>    + openjdk-17-jre-headless, pyspark and py4j, the Spark-Kafka connector jars
+                       and the processor's local file system jar (infra/local_fs.py)
                        (infra/containers/spark.Containerfile)
     ingest, sink, control:<version>   python + shared/ + services/<name>/ (services/<name>/Containerfile)
     processor:<version>               spark  + shared/ + services/processor/
@@ -36,6 +37,7 @@ from pathlib import Path
 from infra import apt
 from infra.errors import InfraError
 from infra.fetch import spark_kafka_jars
+from infra.local_fs import ensure_local_fs_jar
 from infra.paths import CACHE_DIR, INFRA_DIR, ROOT
 
 Log = Callable[[str], None]
@@ -80,6 +82,7 @@ SPARK_ROOTS = ("pyspark",)
 # Where things are inside the images (the manifests and the container tests use the same paths).
 APP_DIR = "/opt/streamforge/app"
 JARS_DIR = "/opt/streamforge/jars"
+LOCAL_FS_DIR = "/opt/streamforge/local-fs"
 DATA_DIR = "/var/lib/streamforge"
 TLS_DIR = "/etc/streamforge/tls"
 USER_UID = 10001
@@ -245,6 +248,12 @@ def stage_context(context: Path = CONTEXT_DIR, log: Log = _stderr_log) -> dict[s
     (context / "jars").mkdir()
     for jar in jars:
         shutil.copy2(jar, context / "jars" / jar.name)
+    # The processor's local file system (infra/local_fs.py): on the driver's class path, not in
+    # spark.jars, so a folder of its own. Compiled for Java 17 against pyspark's Hadoop jar, the
+    # one the image installs too (the same requirements.lock).
+    local_fs, _ = ensure_local_fs_jar(log=log)
+    (context / "local-fs").mkdir()
+    shutil.copy2(local_fs, context / "local-fs" / local_fs.name)
 
     def cf(path: Path) -> bytes:
         return path.read_bytes()
@@ -259,6 +268,7 @@ def stage_context(context: Path = CONTEXT_DIR, log: Log = _stderr_log) -> dict[s
             cf(spark_cf),
             "\n".join(spark).encode(),
             *_file_parts(context, (context / "jars").iterdir()),
+            *_file_parts(context, (context / "local-fs").iterdir()),
         ]
     )
     shared_files = [context / f.relative_to(ROOT) for f in code if f.relative_to(ROOT).parts[0] == "shared"]
@@ -269,7 +279,11 @@ def stage_context(context: Path = CONTEXT_DIR, log: Log = _stderr_log) -> dict[s
         "debian": debian_spec,
         "python": python_spec,
         "spark": ImageSpec(
-            image_name("spark"), spark_cf, python_spec.pinned, spark_digest, (("SPARK_JARS", jar_paths),)
+            image_name("spark"),
+            spark_cf,
+            python_spec.pinned,
+            spark_digest,
+            (("SPARK_JARS", jar_paths), ("LOCAL_FS_JAR", f"{LOCAL_FS_DIR}/{local_fs.name}")),
         ),
     }
     for service in SERVICES:

@@ -11,7 +11,6 @@ either makes a new one. The processor puts it on its driver's class path (servic
 
 from __future__ import annotations
 
-import hashlib
 import subprocess
 import sys
 import tempfile
@@ -20,7 +19,7 @@ from pathlib import Path
 
 from infra.errors import InfraError
 from infra.fetch import Log, pyspark_jars_dir, require_tool
-from infra.paths import CACHE_DIR, ROOT
+from infra.paths import CACHE_DIR, ROOT, digest_named, existing
 
 SOURCE = ROOT / "services/processor/jvm/io/streamforge/hadoop/ForklessLocalFileSystem.java"
 JAVA_RELEASE = "17"
@@ -40,9 +39,8 @@ def hadoop_api_jar() -> Path:
 
 
 def jar_path(cache_dir: Path = CACHE_DIR) -> Path:
-    key = "\n".join([SOURCE.read_text(encoding="utf-8"), hadoop_api_jar().name, JAVA_RELEASE])
-    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    return cache_dir / "local-fs" / f"streamforge-local-fs-{digest}.jar"
+    key = [SOURCE.read_text(encoding="utf-8"), hadoop_api_jar().name, JAVA_RELEASE]
+    return digest_named(cache_dir / "local-fs", "streamforge-local-fs", key, ".jar")
 
 
 def ensure_local_fs_jar(cache_dir: Path = CACHE_DIR, *, log: Log = _stderr_log) -> tuple[Path, bool]:
@@ -74,5 +72,4 @@ def ensure_local_fs_jar(cache_dir: Path = CACHE_DIR, *, log: Log = _stderr_log) 
 
 def existing_local_fs_jar(cache_dir: Path = CACHE_DIR) -> str:
     """The jar's path when set-up made it, else "" (the processor then uses Hadoop's own)."""
-    path = jar_path(cache_dir)
-    return str(path) if path.is_file() else ""
+    return existing(jar_path(cache_dir))

@@ -13,6 +13,7 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from opentelemetry.trace import Tracer
 from py4j.protocol import Py4JError
@@ -65,6 +66,16 @@ def local_fs_options(settings: ProcessorSettings) -> dict[str, str]:
         return {}
     path = ":".join(p for p in (jar, settings.spark_conf.get(DRIVER_CLASS_PATH, "")) if p)
     return {DRIVER_CLASS_PATH: path, "spark.hadoop.fs.file.impl": FORKLESS_LOCAL_FS}
+
+
+def local_file_system(spark: SparkSession) -> Any:
+    """The Hadoop file system the session's queries use for ``file:`` paths (their checkpoints): a
+    JVM object; its class is FORKLESS_LOCAL_FS when ``local_fs_options`` took effect."""
+    jvm = spark.sparkContext._jvm
+    if jvm is None:
+        raise ProcessorError("the SparkSession has no JVM gateway")
+    hadoop = spark._jsparkSession.sessionState().newHadoopConf()
+    return jvm.org.apache.hadoop.fs.FileSystem.get(jvm.java.net.URI("file:///"), hadoop)
 
 
 def build_spark(settings: ProcessorSettings, jars: list[str]) -> SparkSession:
@@ -137,7 +148,12 @@ class Processor:
         s = self.settings
         began = time.monotonic()
         self.spark = build_spark(s, self.jars)
-        log.info("Spark session up in %.1f s (master %s)", time.monotonic() - began, s.spark_master)
+        log.info(
+            "Spark session up in %.1f s (master %s; file: paths through %s)",
+            time.monotonic() - began,
+            s.spark_master,
+            local_file_system(self.spark).getClass().getName(),
+        )
         listener = JobMetricsListener(self.tracer)
         self.spark.streams.addListener(listener)
         self.manager = JobManager(self.spark, s, listener)

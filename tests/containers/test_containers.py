@@ -31,6 +31,7 @@ from infra.container_stack import (
 )
 from infra.datagen import oracle_window_counts
 from infra.stack import StackConfig
+from services.processor.app import FORKLESS_LOCAL_FS
 from shared import constants
 from shared.client.sdk import Client
 from shared.kafka import ensure_topics
@@ -176,6 +177,13 @@ def test_events_go_through_the_service_containers(
     _run_job_and_check_redis(stack_cfg, credentials, unique, redis_client, why)
     for service, name in service_containers.items():
         assert is_running(name), f"{service} died\n{why()}"
+    _assert_forkless_file_system(logs(service_containers["processor"], lines=100_000))
+
+
+def _assert_forkless_file_system(processor_log: str) -> None:
+    """The image carries the processor's local file system jar (infra/images.py) and the processor's
+    JVM uses it for its checkpoints: no chmod process per file (infra/local_fs.py)."""
+    assert f"file: paths through {FORKLESS_LOCAL_FS}" in processor_log, processor_log[-3000:]
 
 
 @pytest.fixture
@@ -212,6 +220,7 @@ def test_kube_play_of_the_manifests_runs_the_pipeline(
     _run_job_and_check_redis(stack_cfg, credentials, unique, redis_client, why)
     for service, name in containers.items():
         assert is_running(name), f"{service} died\n{why()}"
+    _assert_forkless_file_system(logs(containers["processor"], lines=100_000))
     # The processor keeps its checkpoints on the PersistentVolumeClaim (a podman volume here).
     (volume,) = played.volumes
     data = Path(images.podman(["volume", "inspect", "--format", "{{.Mountpoint}}", volume]).strip())

@@ -13,7 +13,7 @@ from pyspark.sql import SparkSession
 from infra.class_archive import processor_jvm_settings
 from infra.datagen import oracle_window_counts
 from infra.fetch import spark_kafka_jars
-from services.processor.app import CHECKPOINT_FILE_MANAGER, FORKLESS_LOCAL_FS, build_spark
+from services.processor.app import CHECKPOINT_FILE_MANAGER, FORKLESS_LOCAL_FS, build_spark, local_file_system
 from services.processor.metrics import BatchMetrics, JobMetricsListener
 from services.processor.query import start_query
 from services.processor.settings import ProcessorSettings
@@ -156,8 +156,7 @@ def test_local_checkpoint_files_are_created_without_a_chmod_process(
     query writes and reads its checkpoint through it."""
     jvm = spark.sparkContext._jvm
     assert jvm is not None
-    hadoop = spark._jsparkSession.sessionState().newHadoopConf()
-    fs = jvm.org.apache.hadoop.fs.FileSystem.get(jvm.java.net.URI("file:///"), hadoop)
+    fs = local_file_system(spark)
     assert fs.getClass().getName() == FORKLESS_LOCAL_FS
     assert (
         not jvm.org.apache.hadoop.io.nativeio.NativeIO.isAvailable()
