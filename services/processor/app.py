@@ -46,6 +46,7 @@ def class_archive_options(archive: str) -> str:
 
 
 FORKLESS_LOCAL_FS = "io.streamforge.hadoop.ForklessLocalFileSystem"
+REALTIME_SHUFFLE_FLUSH = "spark.shuffle.streaming.networkBufferMaxWaitTimeMs"
 DRIVER_CLASS_PATH = "spark.driver.extraClassPath"
 
 
@@ -76,6 +77,23 @@ def local_file_system(spark: SparkSession) -> Any:
         raise ProcessorError("the SparkSession has no JVM gateway")
     hadoop = spark._jsparkSession.sessionState().newHadoopConf()
     return jvm.org.apache.hadoop.fs.FileSystem.get(jvm.java.net.URI("file:///"), hadoop)
+
+
+def session_conf(settings: ProcessorSettings) -> dict[str, str]:
+    """The Spark settings that follow from the processor's own, on top of build_spark's fixed ones;
+    what ``spark_conf`` names explicitly wins over the defaults here."""
+    conf = {
+        REALTIME_SHUFFLE_FLUSH: str(settings.realtime_shuffle_flush_ms),
+        **settings.spark_conf,
+        **local_fs_options(settings),
+    }
+    archive_options = class_archive_options(settings.class_archive)
+    if archive_options:
+        extra = conf.get(DRIVER_JAVA_OPTIONS, "")
+        conf[DRIVER_JAVA_OPTIONS] = f"{extra} {archive_options}".strip()
+    elif settings.class_archive:
+        log.warning("class archive %s not found: Spark's JVM starts without it", settings.class_archive)
+    return conf
 
 
 def build_spark(settings: ProcessorSettings, jars: list[str]) -> SparkSession:
@@ -110,14 +128,7 @@ def build_spark(settings: ProcessorSettings, jars: list[str]) -> SparkSession:
         .config("spark.ui.killEnabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
     )
-    conf = {**settings.spark_conf, **local_fs_options(settings)}
-    archive_options = class_archive_options(settings.class_archive)
-    if archive_options:
-        extra = conf.get(DRIVER_JAVA_OPTIONS, "")
-        conf[DRIVER_JAVA_OPTIONS] = f"{extra} {archive_options}".strip()
-    elif settings.class_archive:
-        log.warning("class archive %s not found: Spark's JVM starts without it", settings.class_archive)
-    for key, value in conf.items():
+    for key, value in session_conf(settings).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")

@@ -20,7 +20,7 @@ import orjson
 import pytest
 from pyspark.sql import SparkSession
 
-from services.processor.app import ROCKSDB_PROVIDER
+from services.processor.app import REALTIME_SHUFFLE_FLUSH, ROCKSDB_PROVIDER
 from services.processor.jobs import JobManager
 from services.processor.metrics import JobMetricsListener
 from services.processor.query import start_query
@@ -105,6 +105,19 @@ def wait_for(
             return
         time.sleep(0.5)
     raise AssertionError(f"{spec.id}: results never reached the oracle's counts")
+
+
+def test_the_session_sets_spark_s_real_time_shuffle_flush(spark: SparkSession) -> None:  # noqa: F811
+    """The processor's ``realtime_shuffle_flush_ms`` reaches the setting Spark's streaming shuffle
+    reads: the key is Spark's own (a misspelt key would be ignored without a word) and the session
+    holds the processor's default, not Spark's 50 ms."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    config = getattr(getattr(jvm.org.apache.spark.internal.config, "package$"), "MODULE$")
+    entry = config.STREAMING_SHUFFLE_NETWORK_BUFFER_MAX_WAIT_TIME_MS()
+    assert entry.key() == REALTIME_SHUFFLE_FLUSH
+    assert entry.defaultValueString() == "50"
+    assert spark.sparkContext.getConf().get(REALTIME_SHUFFLE_FLUSH) == "5"
 
 
 @pytest.mark.parametrize("kind", list(WINDOWS))
