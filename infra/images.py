@@ -65,6 +65,7 @@ RUNTIME_ROOTS = (
     "pydantic-settings",
     "redis",
     "orjson",
+    "msgspec",
     "pyyaml",
     "prometheus-client",
     "httpx",

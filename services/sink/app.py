@@ -27,7 +27,6 @@ from contextlib import ExitStack
 import redis
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from opentelemetry import trace
-from pydantic import ValidationError
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -286,7 +285,7 @@ class Sink:
             value = msg.value() or b""
             try:
                 result = parse_update(value)
-            except (ValidationError, ValueError) as e:
+            except ValueError as e:  # MalformedResult, or a value parse_update refuses
                 self._dead_letter(msg, type(e).__name__, str(e))
                 continue
             per_job[result.job_id] += 1

@@ -16,11 +16,12 @@ from dataclasses import dataclass
 
 from shared.records import WindowResult
 
-# The byte budget approximates what an entry really costs in CPython 3.11 (parsed model, aggregates
-# dict, strings, cache bookkeeping), measured with tracemalloc (tests/bench/bench_sink.py reports it):
-# about twice the serialized record plus 1.4 kB, within ~5% for records of 150-300 bytes.
-BYTES_PER_SERIALIZED_BYTE = 2
-ENTRY_OVERHEAD_BYTES = 1_400
+# The byte budget approximates what an entry really costs in CPython 3.11 (the decoded WindowResult,
+# its aggregates dict, strings, cache bookkeeping), measured with tracemalloc (tests/bench/bench_sink.py
+# reports it): about three times the serialized record plus 250 bytes, within ~4% for records of
+# 165-440 bytes (1-20 aggregates).
+BYTES_PER_SERIALIZED_BYTE = 3
+ENTRY_OVERHEAD_BYTES = 250
 
 Identity = tuple[str, str, int]
 TopicPartitionKey = tuple[str, int]

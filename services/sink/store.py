@@ -68,6 +68,13 @@ end
 -- index_trim_below, n (its aggregates), then n name/value pairs. Every value arrives as Redis got it
 -- (strings), so none goes through a Lua number. Returns per window 1 (applied), 0 (Redis held this
 -- version or a newer one) or the error string Redis gave for its keys (its later commands skipped).
+--
+-- A new window is indexed first (its key's index, the job's key set), then its hash is written, so a
+-- hash exists only once its window is in both indexes. An update of a window whose hash exists writes
+-- only what can change (version, window_end: a session grows, final, updated_at_ms, the aggregates)
+-- and the expiries: its identity fields and index entries are there already. That is the common case
+-- (a window is updated many times); it costs Redis about a third less per window
+-- (tests/bench/bench_sink.py, redis_cpu_us_per_write: 13.9-14.5 -> 9.3-9.5 µs with the cache off).
 local function failed(reply)
   return type(reply) == 'table' and reply.err
 end
@@ -83,29 +90,41 @@ local function upsert_windows(keys, args)
     local hash, index, job_keys = keys[k], keys[k + 1], keys[k + 2]
     local result = 1
     local current = redis.pcall('HGET', hash, 'version')
+    local reply
     if failed(current) then
       result = current.err
     elseif current and tonumber(current) >= tonumber(version) then
       result = 0
     else
-      local steps = {{
-        {{'HSET', hash, 'version', version, 'job_id', args[a + 3], 'key', key, 'window_start', start,
-         'window_end', args[a + 4], 'final', args[a + 5], 'updated_at_ms', now, unpack(args, first, last)}},
-        {{'ZADD', index, start, start}},
-        {{'SADD', job_keys, key}},
-      }}
-      if ttl > 0 then
-        steps[#steps + 1] = {{'ZREMRANGEBYSCORE', index, '-inf', '(' .. args[a + 6]}}
-        steps[#steps + 1] = {{'PEXPIRE', hash, args[1]}}
-        steps[#steps + 1] = {{'PEXPIRE', index, args[1]}}
-        steps[#steps + 1] = {{'PEXPIRE', job_keys, args[1]}}
-      end
-      for _, step in ipairs(steps) do
-        local reply = redis.pcall(unpack(step))
-        if failed(reply) then
-          result = reply.err
-          break
+      if current then
+        reply = redis.pcall('HSET', hash, 'version', version, 'window_end', args[a + 4], 'final', args[a + 5],
+          'updated_at_ms', now, unpack(args, first, last))
+      else
+        reply = redis.pcall('ZADD', index, start, start)
+        if not failed(reply) then
+          reply = redis.pcall('SADD', job_keys, key)
         end
+        if not failed(reply) then
+          reply = redis.pcall('HSET', hash, 'version', version, 'job_id', args[a + 3], 'key', key,
+            'window_start', start, 'window_end', args[a + 4], 'final', args[a + 5], 'updated_at_ms', now,
+            unpack(args, first, last))
+        end
+        if ttl > 0 and not failed(reply) then
+          -- Windows older than the retention (event time) leave the index, so it does not grow forever.
+          reply = redis.pcall('ZREMRANGEBYSCORE', index, '-inf', '(' .. args[a + 6])
+        end
+      end
+      if ttl > 0 and not failed(reply) then
+        reply = redis.pcall('PEXPIRE', hash, args[1])
+        if not failed(reply) then
+          reply = redis.pcall('PEXPIRE', index, args[1])
+        end
+        if not failed(reply) then
+          reply = redis.pcall('PEXPIRE', job_keys, args[1])
+        end
+      end
+      if failed(reply) then
+        result = reply.err
       end
     end
     out[#out + 1] = result

@@ -5,7 +5,8 @@ SF_TEST_PORT_OFFSET), produces an update stream shaped like the processor's (eve
 the windows that are open, version = batch id), then drains it with the sink twice: with the record
 cache on (the default settings) and off (cache.max.bytes.buffering = 0). The clock runs from the first
 record read to the last write accepted by Redis and its commit; the sink's CPU time per update is
-reported too (Redis's own CPU is not in it). Both runs must end in the oracle state.
+reported too, and Redis's (its main thread's, from INFO cpu) per update and per write. Both runs must
+end in the oracle state.
 """
 
 from __future__ import annotations
@@ -73,32 +74,43 @@ def drain(bootstrap: str, redis_url: str, topic: str, job: str, n: int, cache_by
     )
     sink = Sink(settings)
     sink.start()
+    client = redis.Redis.from_url(redis_url)
     try:
         while sink.run_once() == 0:  # group join, first fetch
             pass
-        started, cpu_started = time.perf_counter(), time.process_time()
+        started, cpu_started, redis_started = time.perf_counter(), time.process_time(), redis_cpu_s(client)
         while sink.received[job] < n:
             sink.run_once()
         sink._flush_and_commit("commit")  # the last write and commit are part of the measurement
         elapsed = time.perf_counter() - started
         cpu = time.process_time() - cpu_started
+        redis_cpu = redis_cpu_s(client) - redis_started
     finally:
         sink.close()
+        client.close()
     return {
         "updates_per_s": round(n / elapsed),
         "seconds": round(elapsed, 2),
         # CPU of the sink process (all its threads) per update: less sensitive to a busy machine.
         "sink_cpu_us_per_update": round(cpu / n * 1e6, 1),
+        # Redis's CPU (its main thread's user + system time, INFO cpu) per update read, and per write.
+        "redis_cpu_us_per_update": round(redis_cpu / n * 1e6, 1),
+        "redis_cpu_us_per_write": round(redis_cpu / sink.written[job] * 1e6, 1),
         "redis_writes": sink.written[job],
         "write_reduction_ratio": round(sink.received[job] / sink.written[job], 2),
     }
+
+
+def redis_cpu_s(client: redis.Redis) -> float:
+    cpu = client.info("cpu")
+    return float(cpu["used_cpu_user_main_thread"]) + float(cpu["used_cpu_sys_main_thread"])
 
 
 def cache_memory(sample: list[WindowResult], entries: int = 5_000) -> dict[str, float]:
     """Accounted bytes per cache entry (what the budget counts) vs. what Python really allocates."""
     distinct = list({r.identity: r for r in sample}.values())[:entries]
     values = [r.to_json() for r in distinct]
-    WindowResult.from_json(values[0])  # pydantic's first-call set-up is not per entry
+    WindowResult.from_json(values[0])  # any first-call set-up is not per entry
     gc.collect()
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import cast
 
 import grpc
+import msgspec
 import pytest
 import redis
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -218,6 +219,49 @@ def test_retention_expires_windows_and_trims_the_index(redis_client: redis.Redis
         assert 0 < redis_client.pttl(key) <= ttl
 
 
+def test_an_update_rewrites_what_changes_refreshes_expiry_and_a_refused_window_leaves_no_hash(
+    redis_client: redis.Redis, unique: str
+) -> None:
+    ttl = 60_000
+    store = ResultStore(redis_client, window_ttl_ms=ttl)
+    hash_key = constants.redis_window_key(unique, "a", 0)
+    index = constants.redis_window_index_key(unique, "a")
+    job_keys = constants.redis_job_keys_key(unique)
+    store.upsert([update(unique, "a", 0, 1, 10)])
+    first = redis_client.hgetall(hash_key)
+    for key in (hash_key, index, job_keys):
+        redis_client.pexpire(key, 1_000)  # as if the retention had nearly run out
+    # A session window that grew and closed: its end, final flag and aggregates change with the version.
+    grown = msgspec.structs.replace(
+        update(unique, "a", 0, 2, 20), window_end=5_000, final=True, aggregates={"count": 20, "max": 7.5}
+    )
+    assert store.upsert([grown]) == 1
+    after = redis_client.hgetall(hash_key)
+    assert {k: after[k] for k in (b"job_id", b"key", b"window_start")} == {
+        b"job_id": unique.encode(),
+        b"key": b"a",
+        b"window_start": b"0",
+    }
+    assert (after[b"version"], after[b"window_end"], after[b"final"]) == (b"2", b"5000", b"1")
+    assert (after[b"count"], after[b"max"]) == (b"20", b"7.5")
+    assert int(after[b"updated_at_ms"]) >= int(first[b"updated_at_ms"])
+    for key in (hash_key, index, job_keys):
+        assert 1_000 < redis_client.pttl(key) <= ttl  # the update refreshed every expiry
+    [window] = read_results(redis_client, unique, limit=10)
+    assert (window["window_end"], window["final"], window["aggregates"]) == (
+        5_000,
+        True,
+        {"count": 20, "max": 7.5},
+    )
+
+    # A new window whose key index holds another type: refused whole, no unindexed hash left behind.
+    redis_client.set(constants.redis_window_index_key(unique, "b"), "not a sorted set")
+    outcome = store.write([update(unique, "b", 0, 1, 1)])
+    assert [i for i, _ in outcome.rejected] == [0] and "WRONGTYPE" in outcome.rejected[0][1]
+    assert not redis_client.exists(constants.redis_window_key(unique, "b", 0))
+    assert redis_client.smembers(job_keys) == {b"a"}
+
+
 def test_the_function_is_loaded_again_when_redis_lost_it(redis_client: redis.Redis, unique: str) -> None:
     store = ResultStore(redis_client)
     store.upsert([update(unique, "a", 0, 1, 10)])
@@ -256,7 +300,7 @@ def test_sink_writes_dead_letters_and_serves_control(
     good = [
         update(unique, k, s, v, 10 * v + s) for v in (1, 2, 3) for k in ("x", "y") for s in (0, 1_000, 2_000)
     ]
-    clash = update(unique, "x", 9_000, 1, 1).model_copy(update={"aggregates": {"version": 7}})
+    clash = msgspec.structs.replace(update(unique, "x", 9_000, 1, 1), aggregates={"version": 7})
     junk = [b"not json", b'{"job_id": "only"}', clash.to_json()]
     # A key of the wrong type: Redis refuses that one window, the sink must park it and go on.
     refused = update(unique, "z", 0, 1, 1)
