@@ -70,9 +70,9 @@ def parse_update(value: bytes) -> WindowResult:
         raise ValueError(
             f"version {result.version} is outside 0..2**53-1 (Redis compares versions as doubles)"
         )
-    clash = RESERVED_FIELDS.intersection(result.aggregates)
-    if clash:
-        raise ValueError(f"aggregate name(s) {sorted(clash)} clash with the window hash's own fields")
+    if not RESERVED_FIELDS.isdisjoint(result.aggregates):  # no set built per update
+        clash = sorted(RESERVED_FIELDS.intersection(result.aggregates))
+        raise ValueError(f"aggregate name(s) {clash} clash with the window hash's own fields")
     return result
 
 
