@@ -313,6 +313,14 @@ def test_sink_writes_dead_letters_and_serves_control(
 
     dead = read_all(kafka_bootstrap, constants.dlq_topic(topic), min_count=4)
     assert sorted(m.value() for m in dead if m.value() in junk) == sorted(junk)
+    classes = {
+        m.value(): dict(m.headers() or [])[constants.HDR_ERROR_CLASS] for m in dead if m.value() in junk
+    }
+    assert classes == {
+        b"not json": b"MalformedResult",
+        b'{"job_id": "only"}': b"MalformedResult",  # fields missing
+        clash.to_json(): b"ValueError",  # a well-formed update naming an aggregate like a hash field
+    }
     [parked] = [m for m in dead if m.value() not in junk]
     headers = dict(parked.headers() or [])
     assert WindowResult.from_json(parked.value() or b"") == refused
