@@ -79,6 +79,15 @@ local function failed(reply)
   return type(reply) == 'table' and reply.err
 end
 
+-- The command, unless the step before it failed (then that failure is passed on). Varargs, so no
+-- table is built per command.
+local function after(reply, ...)
+  if failed(reply) then
+    return reply
+  end
+  return redis.pcall(...)
+end
+
 local function upsert_windows(keys, args)
   local ttl = tonumber(args[1])
   local now = args[2]
@@ -90,38 +99,30 @@ local function upsert_windows(keys, args)
     local hash, index, job_keys = keys[k], keys[k + 1], keys[k + 2]
     local result = 1
     local current = redis.pcall('HGET', hash, 'version')
-    local reply
     if failed(current) then
       result = current.err
     elseif current and tonumber(current) >= tonumber(version) then
       result = 0
     else
+      local reply
       if current then
         reply = redis.pcall('HSET', hash, 'version', version, 'window_end', args[a + 4], 'final', args[a + 5],
           'updated_at_ms', now, unpack(args, first, last))
       else
         reply = redis.pcall('ZADD', index, start, start)
-        if not failed(reply) then
-          reply = redis.pcall('SADD', job_keys, key)
-        end
-        if not failed(reply) then
-          reply = redis.pcall('HSET', hash, 'version', version, 'job_id', args[a + 3], 'key', key,
-            'window_start', start, 'window_end', args[a + 4], 'final', args[a + 5], 'updated_at_ms', now,
-            unpack(args, first, last))
-        end
-        if ttl > 0 and not failed(reply) then
+        reply = after(reply, 'SADD', job_keys, key)
+        reply = after(reply, 'HSET', hash, 'version', version, 'job_id', args[a + 3], 'key', key,
+          'window_start', start, 'window_end', args[a + 4], 'final', args[a + 5], 'updated_at_ms', now,
+          unpack(args, first, last))
+        if ttl > 0 then
           -- Windows older than the retention (event time) leave the index, so it does not grow forever.
-          reply = redis.pcall('ZREMRANGEBYSCORE', index, '-inf', '(' .. args[a + 6])
+          reply = after(reply, 'ZREMRANGEBYSCORE', index, '-inf', '(' .. args[a + 6])
         end
       end
-      if ttl > 0 and not failed(reply) then
-        reply = redis.pcall('PEXPIRE', hash, args[1])
-        if not failed(reply) then
-          reply = redis.pcall('PEXPIRE', index, args[1])
-        end
-        if not failed(reply) then
-          reply = redis.pcall('PEXPIRE', job_keys, args[1])
-        end
+      if ttl > 0 then
+        reply = after(reply, 'PEXPIRE', hash, args[1])
+        reply = after(reply, 'PEXPIRE', index, args[1])
+        reply = after(reply, 'PEXPIRE', job_keys, args[1])
       end
       if failed(reply) then
         result = reply.err
