@@ -116,6 +116,12 @@ def pid_of(name: str, run_dir: Path) -> int | None:
     return pid
 
 
+def started_at(name: str, run_dir: Path) -> float | None:
+    """When process ``name`` of ``run_dir`` started (a Unix timestamp), or None if it is not running."""
+    pid = pid_of(name, run_dir)
+    return _start_time(pid) if pid is not None else None
+
+
 def is_running(name: str, run_dir: Path) -> bool:
     return pid_of(name, run_dir) is not None
 

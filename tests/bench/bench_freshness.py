@@ -15,7 +15,9 @@ on a key of its own (tests/bench/markers.py):
 - per stage (tests/bench/markers.py `stage_breakdown`): p50/p95/p99 of the markers' time to
   `.valid` (ingest), from there to their window's update in the output topic (processor, with
   ingest's transaction commit) and from there to Redis (sink), from the records' CreateTimes;
-- CPU per process during the measurement (tests/bench/probe.py);
+- CPU per process during the measurement (tests/bench/probe.py), and how long the processor had been
+  up when it began: its JVM compiles for minutes into a run (README, A boundary is also the JIT
+  compiling the planner), so the modes measured later meet a warmer processor;
 - checked: after the load stops, every window in Redis equals the count of events sent to it.
 
 ``SF_BENCH_FRESHNESS_MODES=real_time_30s`` measures only the modes named (comma-separated).
@@ -95,12 +97,18 @@ def measure_mode(cfg: StackConfig, control: Control, client: redis.Redis, mode: 
         with MarkerWatch(cfg.redis_url, job_id) as watch:
             for i, rate in enumerate(RATES):
                 load.run(rate, WARMUP_S if i == 0 else RATE_CHANGE_S, MARKERS_PER_S)
+                started, began = procs.started_at("processor", cfg.run_dir), time.time()
                 with StageProbe(cfg) as probe:
                     probe.start()
                     markers = load.run(rate, MEASURE_S, MARKERS_PER_S)
                     probe.stop()
                 load.run(rate, TAIL_S, MARKERS_PER_S)
-                out["points"][str(rate)] = {"markers": len(markers), "cores": probe.cores(), "probe": markers}
+                out["points"][str(rate)] = {
+                    "markers": len(markers),
+                    "cores": probe.cores(),
+                    "processor_up_s": round(began - started) if started is not None else None,
+                    "probe": markers,
+                }
             outcome = load.wait_exact(client, job_id)
             output_prefix = f"{job_id}|".encode()
             valid = first_timestamps(cfg.bootstrap, constants.valid_topic(job_id), since_ms, _marker_key)

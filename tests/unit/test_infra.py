@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -238,8 +239,11 @@ def test_redis_users_get_generated_passwords_that_are_kept(tmp_path: Path) -> No
 
 
 def test_process_lifecycle_with_pid_file(tmp_path: Path) -> None:
+    before = time.time()
     pid = procs.start_process("sleeper", ["sleep", "30"], tmp_path, port=12345)
     try:
+        started = procs.started_at("sleeper", tmp_path)
+        assert started is not None and before - 1 <= started <= time.time() + 1  # clock ticks: 10 ms
         assert procs.pid_of("sleeper", tmp_path) == pid
         assert procs.is_running("sleeper", tmp_path)
         assert procs.pid_file("sleeper", tmp_path).read_text().strip() == str(pid)
@@ -251,6 +255,7 @@ def test_process_lifecycle_with_pid_file(tmp_path: Path) -> None:
     finally:
         assert procs.stop_process("sleeper", tmp_path, timeout_s=5)
     assert not procs.is_running("sleeper", tmp_path)
+    assert procs.started_at("sleeper", tmp_path) is None
     assert not procs.pid_file("sleeper", tmp_path).exists()
     assert not procs.stop_process("sleeper", tmp_path)  # nothing left to stop
     assert procs.rss_mb(pid) == 0.0
