@@ -10,11 +10,12 @@ import time
 from pathlib import Path
 
 import pytest
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, Message
 from opentelemetry import trace
 from pydantic import ValidationError
 
 from services.ingest.__main__ import IngestService
+from services.ingest.app import Ingest
 from services.ingest.errors import FatalKafkaError
 from services.ingest.settings import IngestSettings
 from shared.watchdog import CALM_S, CallWatchdog, restart_backoff_s
@@ -135,3 +136,24 @@ def test_ingest_restarts_in_place_on_a_fatal_client_error_unless_fenced(
         with pytest.raises(FatalKafkaError):
             service.run()
         assert restarts == []
+
+
+class RevokingFatalConsumer:
+    """A consumer that fails fatally (a fenced static member) and revokes the partitions in the same
+    poll, as librdkafka does: the revocation callback runs inside consume()."""
+
+    def __init__(self, ingest: Ingest) -> None:
+        self.ingest = ingest
+
+    def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Message]:
+        self.ingest._rebalances += 1  # what the revocation callback does
+        fenced = KafkaError(KafkaError._FATAL, "Static consumer fenced by other consumer", fatal=True)
+        return [Message(error=fenced)]
+
+
+def test_a_fatal_consumer_error_is_raised_even_from_a_batch_a_rebalance_drops() -> None:
+    ingest = Ingest(IngestSettings(grpc_port=1), [])
+    ingest._consumer = RevokingFatalConsumer(ingest)  # type: ignore[assignment]
+    ingest._producer = object()  # type: ignore[assignment]
+    with pytest.raises(FatalKafkaError, match="fenced"):
+        ingest.run_once()
