@@ -96,17 +96,6 @@ class _StreamsUpdate:
     error: Exception | None = None
 
 
-def raise_if_fatal(msgs: list[Message]) -> None:
-    """A fatal consumer error (a fenced static member, say) ends this client: raise it from any batch,
-    including one dropped because a rebalance ran during the call. librdkafka revokes the partitions
-    as it fails, so the error often comes with a revocation; dropped with the batch, it left ingest
-    polling a dead consumer that returns nothing, forever (seen in the cluster fault test)."""
-    for m in msgs:
-        err = m.error()
-        if err is not None and err.fatal():
-            raise FatalKafkaError(f"consumer: {err}", err)
-
-
 def family_topics(streams: Iterable[StreamDefinition]) -> list[str]:
     return [
         t for d in streams for t in (d.topic, d.source.valid_topic, d.source.dlq_topic, d.source.late_topic)
@@ -404,13 +393,15 @@ class Ingest:
         msgs = consume_batch(
             self._consumer, s.batch_max_records, s.batch_max_wait_ms / 1000, s.batch_linger_ms / 1000
         )
-        raise_if_fatal(msgs)
+        # Read before the rebalance check: a fatal consumer error raises even from a batch that is
+        # dropped (librdkafka revokes the partitions as the consumer fails; a dropped error left
+        # ingest polling a dead consumer, seen in the cluster fault test).
+        records = self._records(msgs)
         if self._rebalances != rebalances:
             # The assignment changed during this call. Its records are dropped: the new assignment is
             # restored and rewound to its committed offsets first (see _restore_assigned), so they
             # are read again, by whoever owns them now.
             return BatchStats()
-        records = self._records(msgs)
         if not records:
             self._publish_watermarks()
             return BatchStats()
@@ -439,7 +430,9 @@ class Ingest:
         streams, assigned = self.streams, self._assigned
         for m in msgs:
             err = m.error()
-            if err is not None:  # fatal ones were raised by raise_if_fatal
+            if err is not None:
+                if err.fatal():
+                    raise FatalKafkaError(f"consumer: {err}", err)
                 if err.code() != KafkaError._PARTITION_EOF:
                     log.warning("consume error: %s", err)
                 continue
