@@ -32,6 +32,9 @@ from shared.proto import streamforge_pb2 as pb
 
 log = logging.getLogger(__name__)
 DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
+EXECUTOR_JAVA_OPTIONS = "spark.executor.extraJavaOptions"
+# ProcessorSettings.jit → its JVM options. "quick": C1 alone, no C2 (services/processor/README.md, JIT).
+JIT_OPTIONS = {"tiered": "", "quick": "-XX:TieredStopAtLevel=1"}
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 CHECKPOINT_FILE_MANAGER = (
     "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
@@ -88,12 +91,20 @@ def session_conf(settings: ProcessorSettings) -> dict[str, str]:
         **local_fs_options(settings),
     }
     archive_options = class_archive_options(settings.class_archive)
-    if archive_options:
-        extra = conf.get(DRIVER_JAVA_OPTIONS, "")
-        conf[DRIVER_JAVA_OPTIONS] = f"{extra} {archive_options}".strip()
-    elif settings.class_archive:
+    if settings.class_archive and not archive_options:
         log.warning("class archive %s not found: Spark's JVM starts without it", settings.class_archive)
+    jit = JIT_OPTIONS[settings.jit]
+    _add_java_options(conf, DRIVER_JAVA_OPTIONS, archive_options, jit)
+    if jit:  # executors elsewhere (a cluster) start with the application, cold, like its driver
+        _add_java_options(conf, EXECUTOR_JAVA_OPTIONS, jit)
     return conf
+
+
+def _add_java_options(conf: dict[str, str], key: str, *options: str) -> None:
+    """Append ``options`` to the JVM options under ``key``, after any spark_conf gave."""
+    joined = " ".join(o for o in (conf.get(key, ""), *options) if o)
+    if joined:
+        conf[key] = joined
 
 
 def build_spark(settings: ProcessorSettings, jars: list[str]) -> SparkSession:

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
@@ -34,6 +34,11 @@ class ProcessorSettings(BaseServiceSettings):
     # the buffer never fills, so every row waited ~25 ms on average; 5 ms cut the processor's share of
     # freshness from ~30 to ~9 ms (README, Latency budget). Micro-batch jobs do not use that shuffle.
     realtime_shuffle_flush_ms: int = Field(5, ge=1)
+    # How Spark's JVMs compile Java to machine code. "tiered" (the JVM's default): C1 first, then C2
+    # for hot code, the fastest code once warm, but C2 compiles for minutes into a fresh JVM and takes
+    # a core doing it. "quick": C1 only (-XX:TieredStopAtLevel=1): a start, a restart's recovery and a
+    # first batch take about half as long, and a warm JVM spends more CPU per row (README, A quick JIT).
+    jit: Literal["tiered", "quick"] = "tiered"
     # Extra Spark settings, e.g. {"spark.sql.streaming.realTimeMode.minBatchDuration": "2000ms"}.
     spark_conf: dict[str, str] = Field(default_factory=dict)
     # Spark's web UI, on 127.0.0.1 only and without its kill links; off saves ~50 MB and a port.

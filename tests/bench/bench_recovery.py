@@ -5,10 +5,13 @@ tumbling windows, default trigger) submitted through `POST /jobs`, 1,000 events/
 20 marker events/s (tests/bench/markers.py). After 45 s of warm-up (a freshly started broker compiles
 for ~40 s, see bench_freshness) and 20 s of steady load the processor running the job is killed
 with SIGKILL (its process group) and started again right away, as a supervisor would; the load goes
-on throughout. Two variants:
+on throughout. Three variants:
 
 - ``restart``: the stack's one processor; the restarted process resumes the job from its checkpoint
   by itself (its JVM and SparkSession start first);
+- ``restart_quick_jit``: as ``restart``, with the stack's processor started (before the job, and
+  again after the kill) with ``SF_PROCESSOR_JIT=quick``: its JVM compiles with C1 alone
+  (services/processor/README.md, JIT); the processor is started again as it was afterwards;
 - ``standby``: a second processor runs beside it (infra.stack.start_standby_processor, started after
   the job was placed; it ran a throwaway job of its own for 30 s before registering, see
   services/processor/warmup.py); control learns of the dead processor from its closed connection and
@@ -36,6 +39,7 @@ import signal
 import threading
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -50,6 +54,7 @@ from infra.stack import (
     wait_process_ready,
     wait_service_ready,
 )
+from services.processor.app import JIT_OPTIONS
 from shared.kafka import ensure_topics
 from tests.bench import workload
 from tests.bench.markers import Load, Marker, MarkerWatch, percentiles_ms
@@ -58,7 +63,10 @@ from tests.bench.stack import Control, job, services_up
 RATE = 1_000
 MARKERS_PER_S = 20
 WARMUP_S, BEFORE_S, STABLE_S, AFTER_MAX_S = 45, 20, 15, 150
-VARIANTS = ("restart", "standby")
+# restart_quick_jit before standby: with the standby up, control could place its job there.
+VARIANTS = ("restart", "restart_quick_jit", "standby")
+# The stack processor's environment on top of the stack's, per variant.
+PROCESSOR_ENV = {"restart_quick_jit": {"SF_PROCESSOR_JIT": "quick"}}
 # Seconds before the killed process is started again (a supervisor's back-off); 0: at once, the
 # default. On 2 cores a JVM start competes with the takeover; a delay shows what that costs.
 RESTART_DELAY_S = float(os.environ.get("SF_BENCH_RECOVERY_RESTART_DELAY_S", "0"))
@@ -88,10 +96,42 @@ def main() -> dict[str, Any]:
     out: dict[str, Any] = {"rate": RATE, "marker_rate": MARKERS_PER_S, "variants": {}}
     try:
         for variant in os.environ.get("SF_BENCH_RECOVERY_VARIANTS", ",".join(VARIANTS)).split(","):
-            out["variants"][variant] = measure(cfg, variant)
+            env = PROCESSOR_ENV.get(variant)
+            if env is None:
+                out["variants"][variant] = measure(cfg, variant)
+                continue
+            restart_processor(cfg, env)
+            try:
+                out["variants"][variant] = measure(cfg, variant, env)
+            finally:
+                restart_processor(cfg, {})
     finally:
         procs.stop_process(STANDBY_PROCESSOR, cfg.run_dir, timeout_s=30)
     return out
+
+
+def restart_processor(cfg: StackConfig, env: dict[str, str]) -> None:
+    """Start the stack's processor again with ``env`` on top of the stack's environment."""
+    procs.stop_process("processor", cfg.run_dir, timeout_s=30)
+    start_service(cfg, "processor", env)
+    wait_service_ready(cfg, "processor", timeout_s=AFTER_MAX_S)
+
+
+def jvm_options(pid: int) -> list[str]:
+    """The -XX options of the JVMs among ``pid``'s children (the processor's Spark JVM)."""
+    found: list[str] = []
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+        children = [c for t in tasks for c in (t / "children").read_text().split()]
+    except FileNotFoundError:  # it exited
+        return found
+    for child in children:
+        try:
+            argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+        except FileNotFoundError:
+            continue
+        found += [a.decode() for a in argv if a.startswith(b"-XX:")]
+    return found
 
 
 def transition_s(control: Control, job_id: str, state: str, after: float) -> float | None:
@@ -112,9 +152,9 @@ def running_process(cfg: StackConfig, control: Control, job_id: str) -> str:
     return by_port[port]
 
 
-def measure(cfg: StackConfig, variant: str) -> dict[str, Any]:
+def measure(cfg: StackConfig, variant: str, env: dict[str, str] | None = None) -> dict[str, Any]:
     client = redis.Redis.from_url(cfg.redis_url)
-    job_id = f"recovery-{variant}-{uuid.uuid4().hex[:6]}"
+    job_id = f"recovery-{variant.replace('_', '-')}-{uuid.uuid4().hex[:6]}"
     ensure_topics(cfg.bootstrap, [job_id], partitions=1)
     with Control(cfg) as control, job(control, workload.spec(job_id, workload.COUNT_ONLY)):
         # The job runs on the stack's processor (the only one yet); the standby comes after it.
@@ -140,7 +180,7 @@ def measure(cfg: StackConfig, variant: str) -> dict[str, Any]:
                     start_standby_processor(cfg, wait=False)
                     wait_process_ready(cfg, victim, standby_metrics_url(cfg), AFTER_MAX_S)
                 else:
-                    start_service(cfg, "processor")
+                    start_service(cfg, "processor", env)
                     wait_service_ready(cfg, "processor", timeout_s=AFTER_MAX_S)
                 ready["at"] = time.time()
 
@@ -166,6 +206,10 @@ def measure(cfg: StackConfig, variant: str) -> dict[str, Any]:
             lost_s = transition_s(control, job_id, "FAILING", killed)
             running_s = transition_s(control, job_id, "RUNNING", killed)
             now_on = control.status(job_id).get("processor", "")
+            restarted = procs.pid_of(victim, cfg.run_dir)
+            options = jvm_options(restarted) if restarted is not None else []
+            jit = JIT_OPTIONS[(env or {}).get("SF_PROCESSOR_JIT", "tiered")]
+            jit_problems = [f"the restarted JVM runs without {jit}"] if jit and jit not in options else []
         waiter.join(timeout=5)
     return {
         "job": job_id,
@@ -182,8 +226,10 @@ def measure(cfg: StackConfig, variant: str) -> dict[str, Any]:
         "running_again_s": running_s,
         "running_on": now_on,
         "exact": outcome.exact,
-        "problems": outcome.problems,
+        "problems": outcome.problems + jit_problems,
         "events_sent": load.sent,
+        # the restarted processor's JVM options from its command line (the JIT's among them)
+        "restarted_jvm_xx_options": options,
         # (seconds after the kill the marker was sent, its freshness in seconds) for the chart
         "markers": [(round(t, 2), round(f, 3)) for t, f in freshness if f is not None],
     }

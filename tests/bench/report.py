@@ -91,6 +91,7 @@ def figures(parts: dict[str, Part]) -> dict[str, Any]:
         "faust_count_events_per_s": faust.get("events_per_s"),
         "recovery_s": _variant(recovery, "restart").get("recovery_s"),
         "recovery_max_freshness_s": _variant(recovery, "restart").get("max_freshness_s"),
+        "recovery_quick_jit_s": _variant(recovery, "restart_quick_jit").get("recovery_s"),
         "recovery_standby_s": _variant(recovery, "standby").get("recovery_s"),
         "recovery_standby_max_freshness_s": _variant(recovery, "standby").get("max_freshness_s"),
         "memory_stack_total_mb": memory.get("stack_total_mb"),
@@ -262,6 +263,7 @@ def _boundaries_md(part: Part) -> list[str]:
 
 VARIANT_LABELS = {
     "restart": "restarted in place (the stack's one processor)",
+    "restart_quick_jit": "restarted in place, quick JIT (`SF_PROCESSOR_JIT=quick`: C1 alone)",
     "standby": "a second processor takes over (control: connection closed)",
 }
 
@@ -470,7 +472,7 @@ def _chart_recovery(ax: Any, part: Part | None) -> None:
     if not shown:
         return _empty(ax, "Recovery after SIGKILL", "no markers")
     ax.axvline(0, color="red", linewidth=1, label="SIGKILL + restart")
-    for (name, v), color in zip(shown, ("tab:blue", "tab:orange"), strict=False):
+    for (name, v), color in zip(shown, ("tab:blue", "tab:green", "tab:orange"), strict=False):
         markers = v["markers"]
         ax.scatter([m[0] for m in markers], [m[1] for m in markers], s=4, color=color, label=name)
         if isinstance(v.get("recovery_s"), int | float):

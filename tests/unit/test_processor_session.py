@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
 import pytest
 
-from services.processor.app import REALTIME_SHUFFLE_FLUSH, session_conf
+from services.processor.app import (
+    DRIVER_JAVA_OPTIONS,
+    EXECUTOR_JAVA_OPTIONS,
+    JIT_OPTIONS,
+    REALTIME_SHUFFLE_FLUSH,
+    session_conf,
+)
 from services.processor.settings import ProcessorSettings
 
 
@@ -23,3 +35,36 @@ def test_spark_conf_given_explicitly_wins_over_the_derived_settings() -> None:
     assert session_conf(settings)[REALTIME_SHUFFLE_FLUSH] == "1"
     with pytest.raises(ValueError, match="greater than or equal to 1"):
         ProcessorSettings(realtime_shuffle_flush_ms=0)
+
+
+def test_a_quick_jit_stops_spark_s_jvms_at_c1_after_the_options_already_given(tmp_path: Path) -> None:
+    archive = tmp_path / "spark.jsa"
+    archive.write_bytes(b"archive")
+    given = {DRIVER_JAVA_OPTIONS: "-Xss4m", EXECUTOR_JAVA_OPTIONS: "-Xss8m"}
+    tiered = session_conf(ProcessorSettings(class_archive=str(archive), spark_conf=given))
+    assert tiered[DRIVER_JAVA_OPTIONS] == f"-Xss4m -XX:SharedArchiveFile={archive} -Xshare:auto"
+    assert tiered[EXECUTOR_JAVA_OPTIONS] == "-Xss8m"
+
+    quick = session_conf(ProcessorSettings(class_archive=str(archive), spark_conf=given, jit="quick"))
+    assert quick[DRIVER_JAVA_OPTIONS] == (
+        f"-Xss4m -XX:SharedArchiveFile={archive} -Xshare:auto -XX:TieredStopAtLevel=1"
+    )
+    assert quick[EXECUTOR_JAVA_OPTIONS] == "-Xss8m -XX:TieredStopAtLevel=1"
+    # Nothing given: the JIT's option alone; the tiered default adds no key at all.
+    assert session_conf(ProcessorSettings(jit="quick"))[EXECUTOR_JAVA_OPTIONS] == "-XX:TieredStopAtLevel=1"
+    assert DRIVER_JAVA_OPTIONS not in session_conf(ProcessorSettings())
+    with pytest.raises(ValueError, match="'tiered' or 'quick'"):
+        ProcessorSettings(jit="c2")
+
+
+def test_the_quick_jit_option_is_one_this_jdk_applies() -> None:
+    """Spark's launcher passes -XX:+IgnoreUnrecognizedVMOptions, so an option the JDK does not know
+    would be dropped without a word: ask the JDK Spark runs on what it makes of it."""
+    home = os.environ.get("JAVA_HOME")
+    java = str(Path(home) / "bin" / "java") if home else shutil.which("java")
+    assert java, "no java: Spark needs one"
+    flags = subprocess.run(
+        [java, *JIT_OPTIONS["quick"].split(), "-XX:+PrintFlagsFinal", "-version"],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout  # fmt: skip
+    assert re.search(r"\bTieredStopAtLevel\s+=\s+1\s+\{product\}.*\{command line\}", flags), flags[-2000:]
