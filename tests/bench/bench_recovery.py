@@ -120,12 +120,7 @@ def restart_processor(cfg: StackConfig, env: dict[str, str]) -> None:
 def jvm_options(pid: int) -> list[str]:
     """The -XX options of the JVMs among ``pid``'s children (the processor's Spark JVM)."""
     found: list[str] = []
-    try:
-        tasks = list(Path(f"/proc/{pid}/task").iterdir())
-        children = [c for t in tasks for c in (t / "children").read_text().split()]
-    except FileNotFoundError:  # it exited
-        return found
-    for child in children:
+    for child in procs.children_of(pid):
         try:
             argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
         except FileNotFoundError:
