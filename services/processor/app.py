@@ -21,7 +21,7 @@ from pyspark.sql import SparkSession
 
 from services.processor.errors import ProcessorError
 from services.processor.grpc_server import grpc_services, to_proto
-from services.processor.jobs import JobManager
+from services.processor.jobs import JobManager, stored_leases
 from services.processor.metrics import JobMetricsListener
 from services.processor.settings import ProcessorSettings
 from services.processor.warmup import warm_up
@@ -168,6 +168,8 @@ class Processor:
     def start(self) -> None:
         """Start Spark, resume the jobs that ran when the processor last stopped, then the spec files'."""
         s = self.settings
+        if not self.specs:
+            self._yield_to_takeover()
         began = time.monotonic()
         self.spark = build_spark(s, self.jars)
         log.info(
@@ -187,6 +189,33 @@ class Processor:
             # Nothing runs here (a standby, or its jobs moved to another processor while it was
             # down): warm the JVM before registering, so a job it takes over starts fast.
             warm_up(self.spark, s)
+
+    def _yield_to_takeover(self) -> None:
+        """Wait up to ``taken_over_delay_s`` while every job this processor ran is held by another.
+
+        Control moves the jobs of a processor it lost; when that processor comes back (a supervisor
+        restarts it at once) another one is catching up on them from their checkpoints. A JVM and
+        SparkSession starting take a core for seconds (more while the JIT compiles), and on shared
+        cores they take it from that catch-up: the job is fresh again only once this start is done.
+        Here nothing would run anyway, so it waits, and starts at once when one of the jobs is free
+        again (its holder died), to resume it.
+        """
+        delay = self.settings.taken_over_delay_s
+        leases = stored_leases(self.settings)
+        if delay <= 0 or not leases or None in leases.values():
+            return
+        log.info(
+            "every job this processor ran is held by another (%s): Spark starts in %.0f s, or once one is "
+            "free",
+            "; ".join(f"{job}: {holder}" for job, holder in leases.items()),
+            delay,
+        )
+        deadline = time.monotonic() + delay
+        while time.monotonic() < deadline and not self._stop.wait(min(1.0, deadline - time.monotonic())):
+            free = [job for job, holder in stored_leases(self.settings).items() if holder is None]
+            if free:
+                log.info("jobs %s are free again: Spark starts now", free)
+                return
 
     def grpc_services(self) -> GrpcServices:
         """JobCommands over this processor's jobs (start() first)."""

@@ -94,6 +94,16 @@ def next_epoch(known: list[int], resumes_checkpoint: bool, savepoint_epoch: int 
     return highest + 1
 
 
+def stored_leases(settings: ProcessorSettings) -> dict[str, str | None]:
+    """Each job a start of this processor resumes, with who holds its checkpoint when another process
+    does (None: free to resume here). Reads files only: no Spark needed."""
+    return {
+        stored.spec.id: CheckpointLease(settings.checkpoints_path / stored.spec.id).holder()
+        for stored in JobStore(settings.jobs_path).all()
+        if stored.should_run
+    }
+
+
 def _first_line(text: object) -> str:
     lines = str(text).strip().splitlines()
     return lines[0][:1000] if lines else ""
@@ -197,13 +207,19 @@ class JobManager:
             checkpoint = self.checkpoint_dir(spec.id)
             versions = savepoints.versions_of(savepoint.checkpoint if savepoint is not None else checkpoint)
             plan = self.plan(spec, versions)  # before any file is touched: a bad spec changes nothing
-            epoch = self._epoch_for(spec.id, savepoint)
-            if savepoint is not None:
-                moved = savepoints.restore(savepoint, checkpoint, spec.id, epoch, plan.versions)
-                if moved is not None:
-                    log.info("job %s: previous checkpoint moved to %s", spec.id, moved)
-            else:
-                savepoints.write_note(checkpoint, spec.id, epoch, plan.versions)
+            lease = self._take_lease(spec.id)  # nor one another processor's query is writing
+            try:
+                epoch = self._epoch_for(spec.id, savepoint)
+                if savepoint is not None:
+                    moved = savepoints.restore(savepoint, checkpoint, spec.id, epoch, plan.versions)
+                    lease.renew()  # the restored checkpoint is a new directory, with a lease file of its own
+                    if moved is not None:
+                        log.info("job %s: previous checkpoint moved to %s", spec.id, moved)
+                else:
+                    savepoints.write_note(checkpoint, spec.id, epoch, plan.versions)
+            except BaseException:
+                self._release(spec.id)
+                raise
             job = Job(spec=spec, epoch=epoch, state=JobState.CREATED, crashes=crashes, versions=plan.versions)
             self._set(job)
             self._run(job, plan)
@@ -251,6 +267,16 @@ class JobManager:
             raise ProcessorError(f"job {spec.id} did not start: {_first_line(e)}") from e
         self._set(job, query=query, state=JobState.RUNNING, message="", running_since=time.monotonic())
         log.info("job %s running (epoch %d, checkpoint %s)", spec.id, job.epoch, self.checkpoint_dir(spec.id))
+
+    def _take_lease(self, job_id: str) -> CheckpointLease:
+        """The job's checkpoint lease, taken; CheckpointBusyError (ABORTED over gRPC) if held elsewhere."""
+        lease = self._lease(job_id)
+        try:
+            lease.acquire()
+        except CheckpointBusyError as e:  # another processor runs it (control sorts out which)
+            self._release(job_id)
+            raise CheckpointBusyError(f"job {job_id} did not start: {e}") from None
+        return lease
 
     def _lease(self, job_id: str) -> CheckpointLease:
         with self._table_lock:
@@ -419,6 +445,14 @@ class JobManager:
                 log.error("job %s %s", stored.spec.id, message)
                 self.store.put(stored.with_(should_run=False))
                 self._set(Job(spec=stored.spec, epoch=stored.epoch, state=JobState.FAILED, message=message))
+                continue
+            holder = CheckpointLease(self.checkpoint_dir(stored.spec.id)).holder()
+            if holder is not None:  # control moved it while this processor was down: no Spark work
+                log.info(
+                    "job %s not resumed: its checkpoint is in use by another query (%s)",
+                    stored.spec.id,
+                    holder,
+                )
                 continue
             began = time.monotonic()
             try:

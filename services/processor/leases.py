@@ -45,7 +45,7 @@ class CheckpointLease:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown"
+            holder = _holder_of(fd)
             os.close(fd)
             raise CheckpointBusyError(
                 f"its checkpoint {self.path.parent} is in use by another query ({holder}); not started here"
@@ -57,6 +57,36 @@ class CheckpointLease:
         os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
         self._fd = fd
 
+    def renew(self) -> None:
+        """Take the lease file at ``path`` anew after the directory holding it was replaced (a savepoint
+        restored), then let the replaced one go: no moment with neither held. CheckpointBusyError if
+        another process took the new one first."""
+        old, self._fd = self._fd, None
+        try:
+            self.acquire()
+        finally:
+            if old is not None:
+                fcntl.flock(old, fcntl.LOCK_UN)
+                os.close(old)
+
+    def holder(self) -> str | None:
+        """Who holds the lease when another process does, else None; takes and creates nothing."""
+        if self._fd is not None:
+            return None
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # refused while anyone holds it exclusively
+        except BlockingIOError:
+            return _holder_of(fd)
+        else:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None
+        finally:
+            os.close(fd)
+
     def release(self) -> None:
         if self._fd is None:
             return
@@ -65,3 +95,8 @@ class CheckpointLease:
             fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
             os.close(fd)
+
+
+def _holder_of(fd: int) -> str:
+    """What the lease file's holder wrote into it (its pid and host)."""
+    return os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown"

@@ -69,6 +69,11 @@ class ProcessorSettings(BaseServiceSettings):
     # A processor that starts with no job first runs a throwaway job for this long (services/processor/
     # warmup.py), so a job it takes over starts on a warm JVM; 0: off. The standby processor sets it.
     warmup_s: float = Field(0, ge=0, le=600)
+    # A processor that comes back to find every job it ran held by another processor (control moved
+    # them while it was down) waits up to this long before it starts Spark, and at once when one of
+    # them is free again (its holder died: resumed here). On shared cores the start of a JVM takes a
+    # core for seconds, from the processor catching up on those very jobs (README, Recovery). 0: no wait.
+    taken_over_delay_s: float = Field(30, ge=0, le=600)
     # How long a stop with savepoint waits for the running micro-batch to end.
     stop_timeout_ms: int = Field(30_000, ge=0)
 

@@ -293,7 +293,8 @@ def _recovery_md(part: Part | None) -> list[str]:
         if not v:
             continue
         out.append(
-            f"| {label} | {v.get('recovery_s', '-')} s | {v.get('max_freshness_s', '-')} s | "
+            f"| {label} | {v.get('recovery_s', '-')} s | {v.get('max_freshness_s', '-')} s "
+            f"({v.get('max_freshness_after_recovery_s', '-')} s after) | "
             f"≤ {v.get('threshold_s', '-')} s (max of 1 s and the p99 before the kill) | "
             f"{v.get('lost_s', '-')} s / {v.get('running_again_s', '-')} s | "
             f"{v.get('restart_ready_s', '-')} s | {'exact' if v.get('exact') else '**NOT exact**'} |"
@@ -301,7 +302,9 @@ def _recovery_md(part: Part | None) -> list[str]:
     out += [
         "",
         "Fresh again = from the kill until the first of 20 consecutive markers (one second) within the "
-        "threshold appeared in Redis. Job lost / running again: control's job history (FAILING, RUNNING).",
+        "threshold appeared in Redis; max freshness from 10 s before the kill on (after: of the markers "
+        "sent once fresh again, while the killed processor's restart comes up). Job lost / running "
+        "again: control's job history (FAILING, RUNNING).",
         "",
     ]
     return out

@@ -24,7 +24,7 @@ from infra.datagen import oracle_window_counts
 from services.processor import savepoints
 from services.processor.grpc_server import grpc_services
 from services.processor.jobs import JobManager
-from services.processor.leases import CheckpointBusyError, CheckpointLease
+from services.processor.leases import LEASE_NAME, CheckpointBusyError, CheckpointLease
 from services.processor.metrics import JobMetricsListener
 from services.processor.query import start_query
 from services.processor.settings import ProcessorSettings
@@ -342,6 +342,8 @@ def test_a_checkpoint_another_query_holds_is_not_started_here(
         assert refused.value.code() == grpc.StatusCode.ABORTED
         assert "in use by another query" in (refused.value.details() or ""), refused.value.details()
         assert manager.query(unique) is None
+        # Refused before it touched the checkpoint the other query writes (no note, no moved files).
+        assert sorted(p.name for p in manager.checkpoint_dir(unique).iterdir()) == [LEASE_NAME]
         # Never ran here: not in the table, so heartbeats do not report it FAILED.
         assert unique not in [v.job_id for v in manager.list()]
         with pytest.raises(grpc.RpcError) as unknown:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -62,3 +64,37 @@ def test_a_killed_holder_leaves_the_lease_free(tmp_path: Path) -> None:
     finally:
         holder.kill()
         holder.wait(10)
+
+
+def test_holder_names_another_process_s_hold_and_takes_nothing(tmp_path: Path) -> None:
+    checkpoint = tmp_path / "job-a"
+    probe = CheckpointLease(checkpoint)
+    assert probe.holder() is None  # no lease file yet
+    assert not checkpoint.exists()  # and the probe made none
+    first = CheckpointLease(checkpoint)
+    first.acquire()
+    assert first.holder() is None  # its own hold is not "another"
+    assert probe.holder() == f"pid {os.getpid()} on {socket.gethostname()}"  # another open file: busy
+    assert not probe.held
+    first.release()
+    assert probe.holder() is None
+    probe.acquire()  # the probes left it free
+    probe.release()
+
+
+def test_renew_moves_the_hold_to_a_replaced_directory_s_lease_file(tmp_path: Path) -> None:
+    """A savepoint restore replaces the checkpoint directory: the hold must follow to its new file."""
+    checkpoint = tmp_path / "job-a"
+    lease = CheckpointLease(checkpoint)
+    lease.acquire()
+    aside = tmp_path / "job-a.replaced"
+    os.replace(checkpoint, aside)
+    checkpoint.mkdir()
+    assert CheckpointLease(checkpoint).holder() is None  # the new directory's file: nobody holds it yet
+    lease.renew()
+    with pytest.raises(CheckpointBusyError):
+        CheckpointLease(checkpoint).acquire()
+    moved = CheckpointLease(aside)
+    moved.acquire()  # the replaced directory's lease was let go
+    moved.release()
+    lease.release()

@@ -1,0 +1,80 @@
+"""A processor that comes back to find its jobs held by another waits before it starts Spark
+(services/processor/app.py, Processor._yield_to_takeover), so the other catches up on the cores."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from services.processor.app import Processor
+from services.processor.jobs import stored_leases
+from services.processor.leases import CheckpointLease
+from services.processor.settings import ProcessorSettings
+from services.processor.store import JobStore, StoredJob
+from tests.unit.test_processor_savepoints import SPEC
+
+
+def processor_with_jobs(tmp_path: Path, delay_s: float, **should_run: bool) -> Processor:
+    settings = ProcessorSettings(data_dir=str(tmp_path), taken_over_delay_s=delay_s)
+    store = JobStore(settings.jobs_path)
+    for job_id, run in should_run.items():
+        store.put(StoredJob(spec=SPEC.model_copy(update={"id": job_id}), should_run=run, epoch=0))
+    return Processor(settings, [], [])
+
+
+def hold(p: Processor, job_id: str) -> CheckpointLease:
+    lease = CheckpointLease(p.settings.checkpoints_path / job_id)  # another open file: another holder
+    lease.acquire()
+    return lease
+
+
+def timed(p: Processor) -> float:
+    began = time.monotonic()
+    p._yield_to_takeover()
+    return time.monotonic() - began
+
+
+def test_stored_leases_name_the_holders_of_the_jobs_a_start_resumes(tmp_path: Path) -> None:
+    p = processor_with_jobs(tmp_path, 30, a=True, b=True, stopped=False)
+    held = hold(p, "a")
+    leases = stored_leases(p.settings)
+    assert set(leases) == {"a", "b"}  # a stopped job is not resumed
+    assert leases["a"] is not None and leases["a"].startswith("pid ")
+    assert leases["b"] is None
+    held.release()
+
+
+def test_it_waits_while_every_job_it_ran_is_held_elsewhere(tmp_path: Path) -> None:
+    p = processor_with_jobs(tmp_path, 1.5, a=True, b=True)
+    leases = [hold(p, "a"), hold(p, "b")]
+    assert timed(p) >= 1.5
+    for lease in leases:
+        lease.release()
+
+
+def test_it_starts_at_once_when_a_held_job_is_free_again(tmp_path: Path) -> None:
+    p = processor_with_jobs(tmp_path, 120, a=True)
+    lease = hold(p, "a")
+    threading.Timer(0.5, lease.release).start()  # the processor that took it over died
+    assert 0.5 <= timed(p) < 60
+
+
+def test_it_does_not_wait_with_a_job_to_resume_no_job_or_no_delay(tmp_path: Path) -> None:
+    one_free = processor_with_jobs(tmp_path / "one-free", 120, a=True, b=True)
+    held = hold(one_free, "a")
+    assert timed(one_free) < 60
+    held.release()
+    assert timed(processor_with_jobs(tmp_path / "none", 120)) < 60
+    no_delay = processor_with_jobs(tmp_path / "no-delay", 0, a=True)
+    held = hold(no_delay, "a")
+    assert timed(no_delay) < 60
+    held.release()
+
+
+def test_a_stop_ends_the_wait(tmp_path: Path) -> None:
+    p = processor_with_jobs(tmp_path, 120, a=True)
+    lease = hold(p, "a")
+    threading.Timer(0.5, p.stop).start()  # SIGTERM while it waits
+    assert timed(p) < 60
+    lease.release()
