@@ -21,7 +21,7 @@ from pyspark.sql import SparkSession
 
 from services.processor.errors import ProcessorError
 from services.processor.grpc_server import grpc_services, to_proto
-from services.processor.jobs import JobManager, stored_leases
+from services.processor.jobs import JobManager, checkpoint_lease, stored_leases
 from services.processor.metrics import JobMetricsListener
 from services.processor.settings import ProcessorSettings
 from services.processor.warmup import warm_up
@@ -212,7 +212,7 @@ class Processor:
         )
         deadline = time.monotonic() + delay
         while time.monotonic() < deadline and not self._stop.wait(min(1.0, deadline - time.monotonic())):
-            free = [job for job, holder in stored_leases(self.settings).items() if holder is None]
+            free = [job for job in leases if checkpoint_lease(self.settings, job).holder() is None]
             if free:
                 log.info("jobs %s are free again: Spark starts now", free)
                 return

@@ -94,11 +94,16 @@ def next_epoch(known: list[int], resumes_checkpoint: bool, savepoint_epoch: int 
     return highest + 1
 
 
+def checkpoint_lease(settings: ProcessorSettings, job_id: str) -> CheckpointLease:
+    """The lease on the job's checkpoint directory (not taken)."""
+    return CheckpointLease(settings.checkpoints_path / job_id)
+
+
 def stored_leases(settings: ProcessorSettings) -> dict[str, str | None]:
     """Each job a start of this processor resumes, with who holds its checkpoint when another process
     does (None: free to resume here). Reads files only: no Spark needed."""
     return {
-        stored.spec.id: CheckpointLease(settings.checkpoints_path / stored.spec.id).holder()
+        stored.spec.id: checkpoint_lease(settings, stored.spec.id).holder()
         for stored in JobStore(settings.jobs_path).all()
         if stored.should_run
     }
@@ -280,7 +285,7 @@ class JobManager:
 
     def _lease(self, job_id: str) -> CheckpointLease:
         with self._table_lock:
-            return self._leases.setdefault(job_id, CheckpointLease(self.checkpoint_dir(job_id)))
+            return self._leases.setdefault(job_id, checkpoint_lease(self.settings, job_id))
 
     def _release(self, job_id: str) -> None:
         with self._table_lock:
@@ -446,7 +451,7 @@ class JobManager:
                 self.store.put(stored.with_(should_run=False))
                 self._set(Job(spec=stored.spec, epoch=stored.epoch, state=JobState.FAILED, message=message))
                 continue
-            holder = CheckpointLease(self.checkpoint_dir(stored.spec.id)).holder()
+            holder = checkpoint_lease(self.settings, stored.spec.id).holder()
             if holder is not None:  # control moved it while this processor was down: no Spark work
                 log.info(
                     "job %s not resumed: its checkpoint is in use by another query (%s)",

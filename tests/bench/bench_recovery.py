@@ -203,13 +203,8 @@ def measure(cfg: StackConfig, variant: str, env: dict[str, str] | None = None) -
             recovered_at, stale = fresh_again(load.markers, watch, killed, threshold)
             around = [m for m in load.markers if m.sent >= killed - 10]
             freshness = [(m.sent - killed, watch.freshness(m)) for m in around]
-            after = [
-                f
-                for m in load.markers
-                if recovered_at is not None and m.sent >= recovered_at
-                for f in [watch.freshness(m)]
-                if f is not None
-            ]
+            since = recovered_at - killed if recovered_at is not None else float("inf")
+            after = [f for t, f in freshness if f is not None and t >= since]
             lost_s = transition_s(control, job_id, "FAILING", killed)
             running_s = transition_s(control, job_id, "RUNNING", killed)
             now_on = control.status(job_id).get("processor", "")
