@@ -146,6 +146,13 @@ def build_spark(settings: ProcessorSettings, jars: list[str]) -> SparkSession:
     return spark
 
 
+def warmup_seconds(settings: ProcessorSettings, yielded: bool) -> float:
+    """How long a processor that starts with nothing to run warms up before it registers: its
+    ``warmup_s`` (a standby's), or ``taken_over_warmup_s`` when longer if it came back to find every
+    job it ran taken over (``yielded``): a standby now, however it was configured."""
+    return max(settings.warmup_s, settings.taken_over_warmup_s if yielded else 0)
+
+
 class Processor:
     def __init__(
         self,
@@ -168,8 +175,7 @@ class Processor:
     def start(self) -> None:
         """Start Spark, resume the jobs that ran when the processor last stopped, then the spec files'."""
         s = self.settings
-        if not self.specs:
-            self._yield_to_takeover()
+        yielded = not self.specs and self._yield_to_takeover()
         began = time.monotonic()
         self.spark = build_spark(s, self.jars)
         log.info(
@@ -185,12 +191,13 @@ class Processor:
         self.manager.resume_stored(skip=given)
         for spec in self.specs:
             self.manager.start(spec)  # a spec file that does not start is a start-up error
-        if s.warmup_s > 0 and not any(v.state in ACTIVE_STATES for v in self.manager.list()):
-            # Nothing runs here (a standby, or its jobs moved to another processor while it was
-            # down): warm the JVM before registering, so a job it takes over starts fast.
-            warm_up(self.spark, s)
+        warm_s = warmup_seconds(s, yielded)
+        idle = not any(v.state in ACTIVE_STATES for v in self.manager.list())
+        if warm_s > 0 and idle and not self._stop.is_set():
+            # Nothing runs here: warm the JVM before registering, so a job it takes over starts fast.
+            warm_up(self.spark, s, seconds=warm_s)
 
-    def _yield_to_takeover(self) -> None:
+    def _yield_to_takeover(self) -> bool:
         """Wait up to ``taken_over_delay_s`` while every job this processor ran is held by another.
 
         Control moves the jobs of a processor it lost; when that processor comes back (a supervisor
@@ -198,12 +205,14 @@ class Processor:
         SparkSession starting take a core for seconds (more while the JIT compiles), and on shared
         cores they take it from that catch-up: the job is fresh again only once this start is done.
         Here nothing would run anyway, so it waits, and starts at once when one of the jobs is free
-        again (its holder died), to resume it.
+        again (its holder died), to resume it. True when every job was held (waited or not).
         """
         delay = self.settings.taken_over_delay_s
         leases = stored_leases(self.settings)
-        if delay <= 0 or not leases or None in leases.values():
-            return
+        if not leases or None in leases.values():
+            return False
+        if delay <= 0:
+            return True
         log.info(
             "every job this processor ran is held by another (%s): Spark starts in %.0f s, or once one is "
             "free",
@@ -215,7 +224,8 @@ class Processor:
             free = [job for job in leases if checkpoint_lease(self.settings, job).holder() is None]
             if free:
                 log.info("jobs %s are free again: Spark starts now", free)
-                return
+                break
+        return True
 
     def grpc_services(self) -> GrpcServices:
         """JobCommands over this processor's jobs (start() first)."""

@@ -74,6 +74,10 @@ class ProcessorSettings(BaseServiceSettings):
     # them is free again (its holder died: resumed here). On shared cores the start of a JVM takes a
     # core for seconds, from the processor catching up on those very jobs (README, Recovery). 0: no wait.
     taken_over_delay_s: float = Field(30, ge=0, le=600)
+    # Such a processor then starts with nothing to run: a standby, whatever its role was. It warms up as
+    # one (warmup.py) for this long (or warmup_s, if longer) before it registers, so that the next
+    # failure, of the processor now running its jobs, moves them to a warm JVM. 0: off.
+    taken_over_warmup_s: float = Field(30, ge=0, le=600)
     # How long a stop with savepoint waits for the running micro-batch to end.
     stop_timeout_ms: int = Field(30_000, ge=0)
 

@@ -86,9 +86,10 @@ def _produce(bootstrap: str, topic: str, stop: threading.Event) -> int:
     return sent
 
 
-def warm_up(spark: SparkSession, settings: ProcessorSettings, tag: str = "") -> int:
-    """Run the throwaway job for ``settings.warmup_s`` seconds; returns the micro-batches it ran (0
-    when it failed: logged, never raised)."""
+def warm_up(spark: SparkSession, settings: ProcessorSettings, tag: str = "", seconds: float = 0) -> int:
+    """Run the throwaway job for ``seconds`` (default ``settings.warmup_s``); returns the micro-batches
+    it ran (0 when it failed: logged, never raised)."""
+    seconds = seconds or settings.warmup_s
     spec = warmup_spec(tag or uuid.uuid4().hex[:8])
     bootstrap = settings.kafka_bootstrap
     topics = [spec.source.valid_topic, spec.output_topic]
@@ -116,7 +117,7 @@ def warm_up(spark: SparkSession, settings: ProcessorSettings, tag: str = "") -> 
             task_records=settings.max_records_per_read_task,
         )
         try:
-            query.awaitTermination(max(1, round(settings.warmup_s)))
+            query.awaitTermination(max(1, round(seconds)))
             progress = query.lastProgress
             batches = int(progress["batchId"]) + 1 if progress else 0
         finally:

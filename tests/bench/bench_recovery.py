@@ -16,6 +16,10 @@ on throughout. Three variants:
   the job was placed; it ran a throwaway job of its own for 30 s before registering, see
   services/processor/warmup.py); control learns of the dead processor from its closed connection and
   starts the job on the standby, from the same checkpoint. The restarted processor is the next one.
+- ``standby_again``: as ``standby``; then, once the restarted processor is up (it waited while its
+  job ran on the standby, then started Spark: services/processor/settings.py taken_over_delay_s and
+  taken_over_warmup_s), the processor running the job now, the standby, is killed too. The figures
+  are the second kill's (the first's under ``earlier_kills``): how fast the job moves back.
 
 ``SF_BENCH_RECOVERY_VARIANTS=standby`` runs one variant; ``SF_BENCH_RECOVERY_RESTART_DELAY_S=40``
 starts the killed process 40 s later instead of at once (on 2 cores its JVM start competes with
@@ -42,6 +46,7 @@ import signal
 import threading
 import time
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +72,10 @@ RATE = 1_000
 MARKERS_PER_S = 20
 WARMUP_S, BEFORE_S, STABLE_S, AFTER_MAX_S = 45, 20, 15, 150
 # restart_quick_jit before standby: with the standby up, control could place its job there.
-VARIANTS = ("restart", "restart_quick_jit", "standby")
+VARIANTS = ("restart", "restart_quick_jit", "standby", "standby_again")
+STANDBY_VARIANTS = ("standby", "standby_again")
+# standby_again: once the first kill's restart is up, the processor that took the job over is killed.
+KILLS = {"standby_again": 2}
 # The stack processor's environment on top of the stack's, per variant.
 PROCESSOR_ENV = {"restart_quick_jit": {"SF_PROCESSOR_JIT": "quick"}}
 # Seconds before the killed process is started again (a supervisor's back-off); 0: at once, the
@@ -150,74 +158,90 @@ def running_process(cfg: StackConfig, control: Control, job_id: str) -> str:
     return by_port[port]
 
 
-def measure(cfg: StackConfig, variant: str, env: dict[str, str] | None = None) -> dict[str, Any]:
-    client = redis.Redis.from_url(cfg.redis_url)
-    job_id = f"recovery-{variant.replace('_', '-')}-{uuid.uuid4().hex[:6]}"
-    ensure_topics(cfg.bootstrap, [job_id], partitions=1)
-    with Control(cfg) as control, job(control, workload.spec(job_id, workload.COUNT_ONLY)):
-        # The job runs on the stack's processor (the only one yet); the standby comes after it.
-        if variant == "standby" and not procs.is_running(STANDBY_PROCESSOR, cfg.run_dir):
-            start_standby_processor(cfg)  # warms up (a throwaway job of its own) before it registers
-        load = Load(cfg.bootstrap, job_id)
-        with MarkerWatch(cfg.redis_url, job_id) as watch:
-            load.run(RATE, WARMUP_S, MARKERS_PER_S)
-            before = load.run(RATE, BEFORE_S, MARKERS_PER_S)
-            victim = running_process(cfg, control, job_id)
-            pid = procs.pid_of(victim, cfg.run_dir)
-            if pid is None:
-                raise RuntimeError(f"{victim} is not running")
-            killed = time.time()
-            os.killpg(pid, signal.SIGKILL)
-            while procs.is_running(victim, cfg.run_dir):
-                time.sleep(0.05)
-            ready: dict[str, float] = {}
+@dataclass
+class Kill:
+    """One SIGKILL of the processor running the job, and what was known right after it."""
 
-            def wait_ready() -> None:  # restart the killed process (after RESTART_DELAY_S), wait for it
-                time.sleep(RESTART_DELAY_S)
-                if victim == STANDBY_PROCESSOR:
-                    start_standby_processor(cfg, wait=False)
-                    wait_process_ready(cfg, victim, standby_metrics_url(cfg), AFTER_MAX_S)
-                else:
-                    start_service(cfg, "processor", env)
-                    wait_service_ready(cfg, "processor", timeout_s=AFTER_MAX_S)
-                ready["at"] = time.time()
+    victim: str
+    killed: float  # time.time() of the kill
+    threshold: float
+    seen_before: list[float]
+    ready: dict[str, float] = field(default_factory=dict)  # "at": when the restarted process answered
 
-            waiter = threading.Thread(target=wait_ready, daemon=True)
-            waiter.start()
-            seen_before = [f for f in map(watch.freshness, before) if f is not None]
-            threshold = max(1.0, percentiles_ms(seen_before).get("p99_ms", 0) / 1000)
 
-            checked = [0.0]
+def kill_and_recover(
+    cfg: StackConfig,
+    control: Control,
+    job_id: str,
+    load: Load,
+    watch: MarkerWatch,
+    env: dict[str, str] | None,
+) -> Kill:
+    """BEFORE_S of load, SIGKILL of the job's processor, its restart (after RESTART_DELAY_S); the load
+    goes on until fresh again and the restart is up (STABLE_S after each, at most AFTER_MAX_S)."""
+    before = load.run(RATE, BEFORE_S, MARKERS_PER_S)
+    victim = running_process(cfg, control, job_id)
+    pid = procs.pid_of(victim, cfg.run_dir)
+    if pid is None:
+        raise RuntimeError(f"{victim} is not running")
+    killed = time.time()
+    os.killpg(pid, signal.SIGKILL)
+    while procs.is_running(victim, cfg.run_dir):
+        time.sleep(0.05)
+    seen_before = [f for f in map(watch.freshness, before) if f is not None]
+    kill = Kill(victim, killed, max(1.0, percentiles_ms(seen_before).get("p99_ms", 0) / 1000), seen_before)
 
-            def settled() -> bool:  # called by the load's loop: look twice a second
-                if time.time() - checked[0] < 0.5:
-                    return False
-                checked[0] = time.time()
-                if time.time() - ready.get("at", time.time()) < STABLE_S:
-                    return False  # the restart's start, whenever it comes, is measured too
-                at, _ = fresh_again(load.markers, watch, killed, threshold)
-                return at is not None and time.time() - at >= STABLE_S
+    def wait_ready() -> None:  # restart the killed process (after RESTART_DELAY_S), wait for it
+        time.sleep(RESTART_DELAY_S)
+        if victim == STANDBY_PROCESSOR:
+            start_standby_processor(cfg, wait=False)
+            wait_process_ready(cfg, victim, standby_metrics_url(cfg), AFTER_MAX_S)
+        else:
+            start_service(cfg, "processor", env)
+            wait_service_ready(cfg, "processor", timeout_s=AFTER_MAX_S)
+        kill.ready["at"] = time.time()
 
-            load.run(RATE, AFTER_MAX_S, MARKERS_PER_S, until=settled)
-            outcome = load.wait_exact(client, job_id)
-            recovered_at, stale = fresh_again(load.markers, watch, killed, threshold)
-            around = [m for m in load.markers if m.sent >= killed - 10]
-            freshness = [(m.sent - killed, watch.freshness(m)) for m in around]
-            since = recovered_at - killed if recovered_at is not None else float("inf")
-            after = [f for t, f in freshness if f is not None and t >= since]
-            lost_s = transition_s(control, job_id, "FAILING", killed)
-            running_s = transition_s(control, job_id, "RUNNING", killed)
-            now_on = control.status(job_id).get("processor", "")
-            restarted = procs.pid_of(victim, cfg.run_dir)
-            options = jvm_options(restarted) if restarted is not None else []
-            jit = JIT_OPTIONS[(env or {}).get("SF_PROCESSOR_JIT", "tiered")]
-            jit_problems = [f"the restarted JVM runs without {jit}"] if jit and jit not in options else []
-        waiter.join(timeout=5)
+    waiter = threading.Thread(target=wait_ready, daemon=True)
+    waiter.start()
+    checked = [0.0]
+
+    def settled() -> bool:  # called by the load's loop: look twice a second
+        if time.time() - checked[0] < 0.5:
+            return False
+        checked[0] = time.time()
+        if time.time() - kill.ready.get("at", time.time()) < STABLE_S:
+            return False  # the restart's start, whenever it comes, is measured too
+        at, _ = fresh_again(load.markers, watch, killed, kill.threshold)
+        return at is not None and time.time() - at >= STABLE_S
+
+    load.run(RATE, AFTER_MAX_S, MARKERS_PER_S, until=settled)
+    waiter.join(timeout=5)
+    return kill
+
+
+def figures(
+    cfg: StackConfig,
+    control: Control,
+    job_id: str,
+    kill: Kill,
+    markers: list[Marker],
+    watch: MarkerWatch,
+    env: dict[str, str] | None,
+) -> dict[str, Any]:
+    """A kill's figures from the markers sent until the next kill (``markers``)."""
+    killed = kill.killed
+    recovered_at, stale = fresh_again(markers, watch, killed, kill.threshold)
+    around = [m for m in markers if m.sent >= killed - 10]
+    freshness = [(m.sent - killed, watch.freshness(m)) for m in around]
+    since = recovered_at - killed if recovered_at is not None else float("inf")
+    after = [f for t, f in freshness if f is not None and t >= since]
+    restarted = procs.pid_of(kill.victim, cfg.run_dir)
+    options = jvm_options(restarted) if restarted is not None else []
+    jit = JIT_OPTIONS[(env or {}).get("SF_PROCESSOR_JIT", "tiered")]
     return {
-        "job": job_id,
-        "killed": victim,
-        "threshold_s": round(threshold, 2),
-        "before_kill": percentiles_ms(seen_before),
+        "killed": kill.victim,
+        "threshold_s": round(kill.threshold, 2),
+        "before_kill": percentiles_ms(kill.seen_before),
         "recovery_s": round(recovered_at - killed, 1) if recovered_at is not None else None,
         "stale_markers_after_kill": stale,
         "max_freshness_s": round(max((f for _, f in freshness if f is not None), default=0), 1),
@@ -225,15 +249,50 @@ def measure(cfg: StackConfig, variant: str, env: dict[str, str] | None = None) -
         "max_freshness_after_recovery_s": round(max(after, default=0), 1),
         "never_seen_markers": sum(1 for _, f in freshness if f is None),
         "restart_delay_s": RESTART_DELAY_S,
-        "restart_ready_s": round(ready["at"] - killed, 1) if "at" in ready else None,
-        "lost_s": lost_s,
-        "running_again_s": running_s,
-        "running_on": now_on,
-        "exact": outcome.exact,
-        "problems": outcome.problems + jit_problems,
-        "events_sent": load.sent,
+        "restart_ready_s": round(kill.ready["at"] - killed, 1) if "at" in kill.ready else None,
+        "lost_s": transition_s(control, job_id, "FAILING", killed),
+        "running_again_s": transition_s(control, job_id, "RUNNING", killed),
+        "jit_problems": [f"the restarted JVM runs without {jit}"] if jit and jit not in options else [],
         # the restarted processor's JVM options from its command line (the JIT's among them)
         "restarted_jvm_xx_options": options,
         # (seconds after the kill the marker was sent, its freshness in seconds) for the chart
         "markers": [(round(t, 2), round(f, 3)) for t, f in freshness if f is not None],
+    }
+
+
+def measure(cfg: StackConfig, variant: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """The variant's kills (KILLS), one after the other; its figures are the last kill's, with the
+    kills before it under ``earlier_kills``."""
+    client = redis.Redis.from_url(cfg.redis_url)
+    job_id = f"recovery-{variant.replace('_', '-')}-{uuid.uuid4().hex[:6]}"
+    ensure_topics(cfg.bootstrap, [job_id], partitions=1)
+    with Control(cfg) as control, job(control, workload.spec(job_id, workload.COUNT_ONLY)):
+        # The job runs on the stack's processor (the only one yet); the standby comes after it.
+        if variant in STANDBY_VARIANTS and not procs.is_running(STANDBY_PROCESSOR, cfg.run_dir):
+            start_standby_processor(cfg)  # warms up (a throwaway job of its own) before it registers
+        load = Load(cfg.bootstrap, job_id)
+        with MarkerWatch(cfg.redis_url, job_id) as watch:
+            load.run(RATE, WARMUP_S, MARKERS_PER_S)
+            kills = [
+                kill_and_recover(cfg, control, job_id, load, watch, env) for _ in range(KILLS.get(variant, 1))
+            ]
+            outcome = load.wait_exact(client, job_id)
+            # A kill's markers end where the next kill's begin (from 10 s before it: see figures).
+            ends = [k.killed - 10 for k in kills[1:]] + [float("inf")]
+            results = [
+                figures(cfg, control, job_id, k, [m for m in load.markers if m.sent < end], watch, env)
+                for k, end in zip(kills, ends, strict=True)
+            ]
+        now_on = control.status(job_id).get("processor", "")
+    problems = outcome.problems + [p for r in results for p in r.pop("jit_problems")]
+    for r in results[:-1]:
+        r.pop("markers")
+    return {
+        "job": job_id,
+        **results[-1],
+        "earlier_kills": results[:-1],
+        "running_on": now_on,
+        "exact": outcome.exact,
+        "problems": problems,
+        "events_sent": load.sent,
     }

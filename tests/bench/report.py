@@ -265,6 +265,7 @@ VARIANT_LABELS = {
     "restart": "restarted in place (the stack's one processor)",
     "restart_quick_jit": "restarted in place, quick JIT (`SF_PROCESSOR_JIT=quick`: C1 alone)",
     "standby": "a second processor takes over (control: connection closed)",
+    "standby_again": "then the one that took over is killed too (after the first one's restart is up)",
 }
 
 
@@ -475,7 +476,7 @@ def _chart_recovery(ax: Any, part: Part | None) -> None:
     if not shown:
         return _empty(ax, "Recovery after SIGKILL", "no markers")
     ax.axvline(0, color="red", linewidth=1, label="SIGKILL + restart")
-    for (name, v), color in zip(shown, ("tab:blue", "tab:green", "tab:orange"), strict=False):
+    for (name, v), color in zip(shown, ("tab:blue", "tab:green", "tab:orange", "tab:purple"), strict=False):
         markers = v["markers"]
         ax.scatter([m[0] for m in markers], [m[1] for m in markers], s=4, color=color, label=name)
         if isinstance(v.get("recovery_s"), int | float):

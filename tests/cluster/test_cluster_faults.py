@@ -410,7 +410,8 @@ class ClusterFaults(Faults):
         procs.wait_for(lambda: len(self._processors()) == 2, 120, f"{victim} registered again")
         restarted_s = round(time.monotonic() - killed_at, 1)
         # The restarted processor finds its old jobs' checkpoints held by the other one: it does not
-        # resume them (it waits, SF_PROCESSOR_TAKEN_OVER_DELAY_S, then starts with none); should a copy
+        # resume them (it waits, SF_PROCESSOR_TAKEN_OVER_DELAY_S, then starts with none and warms up as a
+        # standby, SF_PROCESSOR_TAKEN_OVER_WARMUP_S, before it registers); should a copy
         # start anyway, control must stop it and leave the jobs where it placed them.
         time.sleep(5)
         assert moved(), [self.control.status(j) for j in jobs]

@@ -7,7 +7,7 @@ import threading
 import time
 from pathlib import Path
 
-from services.processor.app import Processor
+from services.processor.app import Processor, warmup_seconds
 from services.processor.jobs import stored_leases
 from services.processor.leases import CheckpointLease
 from services.processor.settings import ProcessorSettings
@@ -29,9 +29,11 @@ def hold(p: Processor, job_id: str) -> CheckpointLease:
     return lease
 
 
-def timed(p: Processor) -> float:
+def timed(p: Processor, yielded: bool | None = None) -> float:
     began = time.monotonic()
-    p._yield_to_takeover()
+    result = p._yield_to_takeover()
+    if yielded is not None:
+        assert result is yielded
     return time.monotonic() - began
 
 
@@ -48,7 +50,7 @@ def test_stored_leases_name_the_holders_of_the_jobs_a_start_resumes(tmp_path: Pa
 def test_it_waits_while_every_job_it_ran_is_held_elsewhere(tmp_path: Path) -> None:
     p = processor_with_jobs(tmp_path, 1.5, a=True, b=True)
     leases = [hold(p, "a"), hold(p, "b")]
-    assert timed(p) >= 1.5
+    assert timed(p, yielded=True) >= 1.5
     for lease in leases:
         lease.release()
 
@@ -57,18 +59,18 @@ def test_it_starts_at_once_when_a_held_job_is_free_again(tmp_path: Path) -> None
     p = processor_with_jobs(tmp_path, 120, a=True)
     lease = hold(p, "a")
     threading.Timer(0.5, lease.release).start()  # the processor that took it over died
-    assert 0.5 <= timed(p) < 60
+    assert 0.5 <= timed(p, yielded=True) < 60
 
 
 def test_it_does_not_wait_with_a_job_to_resume_no_job_or_no_delay(tmp_path: Path) -> None:
     one_free = processor_with_jobs(tmp_path / "one-free", 120, a=True, b=True)
     held = hold(one_free, "a")
-    assert timed(one_free) < 60
+    assert timed(one_free, yielded=False) < 60
     held.release()
-    assert timed(processor_with_jobs(tmp_path / "none", 120)) < 60
+    assert timed(processor_with_jobs(tmp_path / "none", 120), yielded=False) < 60
     no_delay = processor_with_jobs(tmp_path / "no-delay", 0, a=True)
     held = hold(no_delay, "a")
-    assert timed(no_delay) < 60
+    assert timed(no_delay, yielded=True) < 60  # no wait, but its jobs are elsewhere all the same
     held.release()
 
 
@@ -78,3 +80,13 @@ def test_a_stop_ends_the_wait(tmp_path: Path) -> None:
     threading.Timer(0.5, p.stop).start()  # SIGTERM while it waits
     assert timed(p) < 60
     lease.release()
+
+
+def test_a_processor_whose_jobs_were_taken_over_warms_up_as_a_standby() -> None:
+    main = ProcessorSettings()  # the stack's main processor: no warm-up at a first start
+    assert warmup_seconds(main, yielded=False) == 0
+    assert warmup_seconds(main, yielded=True) == main.taken_over_warmup_s == 30
+    standby = ProcessorSettings(warmup_s=45)
+    assert warmup_seconds(standby, yielded=False) == warmup_seconds(standby, yielded=True) == 45
+    off = ProcessorSettings(taken_over_warmup_s=0)
+    assert warmup_seconds(off, yielded=True) == 0
