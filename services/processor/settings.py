@@ -33,7 +33,8 @@ class ProcessorSettings(BaseServiceSettings):
     # (spark.shuffle.streaming.networkBufferMaxWaitTimeMs; Spark's default is 50). At 1,000 events/s
     # the buffer never fills, so every row waited ~25 ms on average; 5 ms cut the processor's share of
     # freshness from ~30 to ~9 ms (README, Latency budget). Micro-batch jobs do not use that shuffle.
-    realtime_shuffle_flush_ms: int = Field(5, ge=1)
+    # At most 1 s: past that a quiet key's update would wait longer than a micro-batch job's.
+    realtime_shuffle_flush_ms: int = Field(5, ge=1, le=1_000)
     # How Spark's JVMs compile Java to machine code. "tiered" (the JVM's default): C1 first, then C2
     # for hot code, the fastest code once warm, but C2 compiles for minutes into a fresh JVM and takes
     # a core doing it. "quick": C1 only (-XX:TieredStopAtLevel=1): a start, a restart's recovery and a

@@ -94,6 +94,7 @@ def figures(parts: dict[str, Part]) -> dict[str, Any]:
         "recovery_quick_jit_s": _variant(recovery, "restart_quick_jit").get("recovery_s"),
         "recovery_standby_s": _variant(recovery, "standby").get("recovery_s"),
         "recovery_standby_max_freshness_s": _variant(recovery, "standby").get("max_freshness_s"),
+        "recovery_standby_again_s": _variant(recovery, "standby_again").get("recovery_s"),
         "memory_stack_total_mb": memory.get("stack_total_mb"),
     }
     f["e2e_count_over_faust"] = _ratio(f["e2e_count_events_per_s"], f["faust_count_events_per_s"])
@@ -265,7 +266,7 @@ VARIANT_LABELS = {
     "restart": "restarted in place (the stack's one processor)",
     "restart_quick_jit": "restarted in place, quick JIT (`SF_PROCESSOR_JIT=quick`: C1 alone)",
     "standby": "a second processor takes over (control: connection closed)",
-    "standby_again": "then the one that took over is killed too (after the first one's restart is up)",
+    "standby_again": "the second kill: then the processor that took over, once the first one's restart is up",
 }
 
 

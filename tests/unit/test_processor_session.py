@@ -35,6 +35,8 @@ def test_spark_conf_given_explicitly_wins_over_the_derived_settings() -> None:
     assert session_conf(settings)[REALTIME_SHUFFLE_FLUSH] == "1"
     with pytest.raises(ValueError, match="greater than or equal to 1"):
         ProcessorSettings(realtime_shuffle_flush_ms=0)
+    with pytest.raises(ValueError, match="less than or equal to 1000"):
+        ProcessorSettings(realtime_shuffle_flush_ms=1_001)
 
 
 def test_a_quick_jit_stops_spark_s_jvms_at_c1_after_the_options_already_given(tmp_path: Path) -> None:
