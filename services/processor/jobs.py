@@ -105,7 +105,7 @@ def stored_leases(settings: ProcessorSettings) -> dict[str, str | None]:
     return {
         stored.spec.id: checkpoint_lease(settings, stored.spec.id).holder()
         for stored in JobStore(settings.jobs_path).all()
-        if stored.should_run
+        if stored.should_run and not savepoints.was_stopped(settings.checkpoints_path / stored.spec.id)
     }
 
 
@@ -333,7 +333,7 @@ class JobManager:
                 return self._view(job)
             previous = job.state
             self._set(job, state=JobState.CANCELLING)
-            self._stop_query(job, at_batch_boundary=savepoint)
+            self._stop_query(job, at_batch_boundary=savepoint, stopped=not savepoint)
             if not savepoint:
                 self._set(job, state=JobState.CANCELED, message="stopped")
                 self.store.put(StoredJob(spec=job.spec, should_run=False, epoch=job.epoch))
@@ -346,15 +346,20 @@ class JobManager:
                 self._set(job, state=previous)
                 self._run(job)
                 raise SavepointError(f"{e}; the job keeps running") from e
+            savepoints.mark_stopped(self.checkpoint_dir(job_id))
             path = str(taken.path)
             self._set(job, state=JobState.FINISHED, message="stopped with a savepoint", savepoint_path=path)
             self.store.put(StoredJob(spec=job.spec, should_run=False, epoch=job.epoch, savepoint_path=path))
             log.info("job %s stopped with savepoint %s (batch %s)", job_id, path, taken.last_committed_batch)
             return self._view(job)
 
-    def _stop_query(self, job: Job, at_batch_boundary: bool) -> None:
+    def _stop_query(self, job: Job, at_batch_boundary: bool, stopped: bool = False) -> None:
+        """Stop the job's query and let its checkpoint go; ``stopped``: the job is being cancelled,
+        which its checkpoint's note says before another processor can take the lease."""
         query = job.query
         if query is None:
+            if stopped:
+                savepoints.mark_stopped(self.checkpoint_dir(job.spec.id))
             return
         if at_batch_boundary and query.isActive:
             # Stop between two triggers when one comes within the timeout. Stopping mid-batch is safe
@@ -369,6 +374,8 @@ class JobManager:
         except Exception as e:  # a query that failed while stopping is stopped all the same
             log.warning("job %s: stopping its query: %s", job.spec.id, _first_line(e))
         self._set(job, query=None)
+        if stopped:
+            savepoints.mark_stopped(self.checkpoint_dir(job.spec.id))
         self._release(job.spec.id)  # stopped: no longer writing its checkpoint
 
     # --- supervision ------------------------------------------------------------------------------
@@ -450,6 +457,11 @@ class JobManager:
                 log.error("job %s %s", stored.spec.id, message)
                 self.store.put(stored.with_(should_run=False))
                 self._set(Job(spec=stored.spec, epoch=stored.epoch, state=JobState.FAILED, message=message))
+                continue
+            if savepoints.was_stopped(self.checkpoint_dir(stored.spec.id)):
+                # Control moved it while this processor was down, and it was stopped where it ran.
+                log.info("job %s not resumed: it was stopped since it last ran here", stored.spec.id)
+                self.store.put(stored.with_(should_run=False))
                 continue
             holder = checkpoint_lease(self.settings, stored.spec.id).holder()
             if holder is not None:  # control moved it while this processor was down: no Spark work

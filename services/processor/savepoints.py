@@ -87,6 +87,21 @@ def write_note(checkpoint: Path, job_id: str, epoch: int, versions: str) -> None
     _write_atomic(checkpoint / CHECKPOINT_NOTE, orjson.dumps(note))
 
 
+def mark_stopped(checkpoint: Path) -> None:
+    """Say in the checkpoint's note that its job was stopped (cancelled, or stopped with a savepoint).
+
+    A processor that ran the job before control moved it, and so still lists it to resume, reads this
+    and drops it instead of starting a stopped job again. The job's next start rewrites the note."""
+    note = read_note(checkpoint)
+    if note:
+        _write_atomic(checkpoint / CHECKPOINT_NOTE, orjson.dumps({**note, "stopped": True}))
+
+
+def was_stopped(checkpoint: Path) -> bool:
+    """Whether the job was stopped since its last start (``mark_stopped``)."""
+    return read_note(checkpoint).get("stopped") is True
+
+
 def versions_of(checkpoint: Path) -> str:
     """How the results of a query started on ``checkpoint`` are versioned (services.processor.versions).
 

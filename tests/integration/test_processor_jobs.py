@@ -28,6 +28,7 @@ from services.processor.leases import LEASE_NAME, CheckpointBusyError, Checkpoin
 from services.processor.metrics import JobMetricsListener
 from services.processor.query import start_query
 from services.processor.settings import ProcessorSettings
+from services.processor.store import StoredJob
 from services.processor.versions import BATCH_VERSIONS, ROW_VERSIONS, split_version
 from services.processor.warmup import warm_up, warmup_spec
 from shared.grpc_server import HealthServedGrpcServer
@@ -360,6 +361,36 @@ def test_a_checkpoint_another_query_holds_is_not_started_here(
     stub.StopJob(pb.StopJobRequest(job_id=unique), timeout=60)
     elsewhere.acquire()  # stopped: free again
     elsewhere.release()
+
+
+def test_a_job_stopped_where_it_ran_is_not_resumed_by_a_processor_that_ran_it_before(
+    processor: tuple[JobManager, pb_grpc.JobCommandsStub, grpc.Channel],
+    kafka_bootstrap: str,
+    unique: str,
+) -> None:
+    """Control moved a job off a processor that died, and it was cancelled where it ran then; the old
+    processor still lists it to resume. Its checkpoint's note says it was stopped: the resume drops it
+    (and forgets it) instead of running a cancelled job until control stops the stray copy."""
+    manager, stub, _ = processor
+    ensure_topics(kafka_bootstrap, [f"{unique}.valid", f"{unique}.out"], partitions=1)
+    send(kafka_bootstrap, unique, events("/a", BASE, 10))
+    stub.StartJob(pb.StartJobRequest(spec_json=spec_json(unique, unique)), timeout=60)
+    catch_up(manager, unique)
+    checkpoint = manager.checkpoint_dir(unique)
+    assert not savepoints.was_stopped(checkpoint)
+    stub.StopJob(pb.StopJobRequest(job_id=unique), timeout=60)
+    assert savepoints.was_stopped(checkpoint)
+    spec = parse_job_spec(spec_json(unique, unique))
+    manager.store.put(StoredJob(spec=spec, should_run=True, epoch=0))  # the other processor's stale entry
+    manager.resume_stored(skip=set())
+    assert manager.query(unique) is None
+    stored = manager.store.get(unique)
+    assert stored is not None and not stored.should_run
+    # Submitted again, it runs: its start rewrites the note.
+    started = stub.StartJob(pb.StartJobRequest(spec_json=spec_json(unique, unique)), timeout=60)
+    assert started.state == pb.JOB_STATE_RUNNING
+    assert not savepoints.was_stopped(checkpoint)
+    stub.StopJob(pb.StopJobRequest(job_id=unique), timeout=60)
 
 
 def test_a_warm_up_runs_a_throwaway_job_and_leaves_nothing_behind(

@@ -7,6 +7,7 @@ import threading
 import time
 from pathlib import Path
 
+from services.processor import savepoints
 from services.processor.app import Processor, warmup_seconds
 from services.processor.jobs import stored_leases
 from services.processor.leases import CheckpointLease
@@ -44,6 +45,20 @@ def test_stored_leases_name_the_holders_of_the_jobs_a_start_resumes(tmp_path: Pa
     assert set(leases) == {"a", "b"}  # a stopped job is not resumed
     assert leases["a"] is not None and leases["a"].startswith("pid ")
     assert leases["b"] is None
+    held.release()
+
+
+def test_a_job_stopped_where_it_ran_is_not_one_a_start_resumes(tmp_path: Path) -> None:
+    p = processor_with_jobs(tmp_path, 0.5, a=True, b=True)
+    held = hold(p, "a")
+    checkpoint = p.settings.checkpoints_path / "b"
+    savepoints.write_note(checkpoint, "b", 0, "rows")
+    assert not savepoints.was_stopped(checkpoint)
+    assert timed(p, yielded=False) < 0.5  # b is free to resume: no wait
+    savepoints.mark_stopped(checkpoint)  # then cancelled on the processor it had moved to
+    leases = stored_leases(p.settings)
+    assert set(leases) == {"a"} and leases["a"] is not None
+    assert timed(p, yielded=True) >= 0.5  # every job it would resume is held: it waits, then warms up
     held.release()
 
 
