@@ -333,7 +333,7 @@ class JobManager:
                 return self._view(job)
             previous = job.state
             self._set(job, state=JobState.CANCELLING)
-            self._stop_query(job, at_batch_boundary=savepoint, stopped=not savepoint)
+            self._stop_query(job, at_batch_boundary=savepoint, stopped=True)
             if not savepoint:
                 self._set(job, state=JobState.CANCELED, message="stopped")
                 self.store.put(StoredJob(spec=job.spec, should_run=False, epoch=job.epoch))
@@ -345,8 +345,8 @@ class JobManager:
                 log.error("job %s: %s; starting it again from its checkpoint", job_id, e)
                 self._set(job, state=previous)
                 self._run(job)
+                savepoints.clear_stopped(self.checkpoint_dir(job_id))  # it runs again here
                 raise SavepointError(f"{e}; the job keeps running") from e
-            savepoints.mark_stopped(self.checkpoint_dir(job_id))
             path = str(taken.path)
             self._set(job, state=JobState.FINISHED, message="stopped with a savepoint", savepoint_path=path)
             self.store.put(StoredJob(spec=job.spec, should_run=False, epoch=job.epoch, savepoint_path=path))
@@ -354,8 +354,9 @@ class JobManager:
             return self._view(job)
 
     def _stop_query(self, job: Job, at_batch_boundary: bool, stopped: bool = False) -> None:
-        """Stop the job's query and let its checkpoint go; ``stopped``: the job is being cancelled,
-        which its checkpoint's note says before another processor can take the lease."""
+        """Stop the job's query and let its checkpoint go; ``stopped``: the job is being stopped
+        (cancelled, or for a savepoint), which its checkpoint's note says before another processor
+        can take the lease."""
         query = job.query
         if query is None:
             if stopped:

@@ -97,6 +97,13 @@ def mark_stopped(checkpoint: Path) -> None:
         _write_atomic(checkpoint / CHECKPOINT_NOTE, orjson.dumps({**note, "stopped": True}))
 
 
+def clear_stopped(checkpoint: Path) -> None:
+    """Undo ``mark_stopped``: the stop did not happen after all (a savepoint that failed)."""
+    note = read_note(checkpoint)
+    if note.pop("stopped", None) is not None:
+        _write_atomic(checkpoint / CHECKPOINT_NOTE, orjson.dumps(note))
+
+
 def was_stopped(checkpoint: Path) -> bool:
     """Whether the job was stopped since its last start (``mark_stopped``)."""
     return read_note(checkpoint).get("stopped") is True

@@ -169,6 +169,7 @@ def test_commands_metrics_savepoint_and_restores_are_exact(
     # Stop with a savepoint: FINISHED, and the savepoint holds the spec, epoch and offsets.
     stopped = stub.StopJob(pb.StopJobRequest(job_id=unique, savepoint=True), timeout=60)
     assert stopped.state == pb.JOB_STATE_FINISHED and stopped.savepoint_path
+    assert savepoints.was_stopped(manager.checkpoint_dir(unique))  # not resumed by an old list
     sp1 = savepoints.load(stopped.savepoint_path)
     assert (sp1.job_id, sp1.epoch, sp1.spec.id) == (unique, 0, unique)
     assert sp1.last_committed_batch is not None and sp1.offsets
@@ -319,6 +320,9 @@ def test_a_failed_stop_with_savepoint_leaves_the_job_running(
     assert failed.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "keeps running" in (failed.value.details() or "")
     assert stub.GetStatus(pb.JobRef(job_id=unique), timeout=10).state == pb.JOB_STATE_RUNNING
+    # Marked stopped while its lease was let go, unmarked once it ran again: a processor that ran it
+    # before would resume it should this one die.
+    assert not savepoints.was_stopped(manager.checkpoint_dir(unique))
     send(kafka_bootstrap, unique, events("/a", BASE + 1, 5))
     catch_up(manager, unique)
     assert counts(newest(kafka_bootstrap, f"{unique}.out", unique)) == {("/a", BASE): 15}
@@ -380,6 +384,7 @@ def test_a_job_stopped_where_it_ran_is_not_resumed_by_a_processor_that_ran_it_be
     assert not savepoints.was_stopped(checkpoint)
     stub.StopJob(pb.StopJobRequest(job_id=unique), timeout=60)
     assert savepoints.was_stopped(checkpoint)
+    assert savepoints.read_note(checkpoint)["job_id"] == unique  # the note is kept, marked
     spec = parse_job_spec(spec_json(unique, unique))
     manager.store.put(StoredJob(spec=spec, should_run=True, epoch=0))  # the other processor's stale entry
     manager.resume_stored(skip=set())
