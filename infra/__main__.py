@@ -35,6 +35,7 @@ def cmd_fetch(args: argparse.Namespace) -> None:
     bundles = (
         ("kafka", fetch.fetch_kafka),
         ("spark-kafka", fetch.fetch_spark_kafka),
+        ("spark-avro", fetch.fetch_spark_avro),
         ("zipkin", fetch.fetch_zipkin),
     )
     for name, resolve in bundles:

@@ -1,8 +1,9 @@
 """Resolve the JVM artifacts the platform needs from Maven Central into CACHE_DIR, once.
 
-Two dependency-only Maven projects live in infra/maven/:
+Dependency-only Maven projects live in infra/maven/:
   kafka/        the Kafka broker (kafka_2.13) + a log4j2 SLF4J binding  -> .cache/jars/kafka/
   spark-kafka/  Spark's Kafka connector for the installed pyspark     -> .cache/jars/spark-kafka/
+  spark-avro/   Spark's Avro functions, same version (wire bench only) -> .cache/jars/spark-avro/
 
 Each output dir gets a stamp file (.stamp.json) written after a successful copy. While the stamp matches
 (same requested versions, same pom/settings content, all jars present) Maven is not run at all, so a
@@ -312,6 +313,21 @@ def spark_kafka_jars(cache_dir: Path = CACHE_DIR, *, log: Log = _stderr_log) -> 
     return exclude_shipped(fetch_spark_kafka(cache_dir, log=log).jars, pyspark_jars_dir())
 
 
+def fetch_spark_avro(
+    cache_dir: Path = CACHE_DIR, *, spark_version: str = SPARK_KAFKA_VERSION, log: Log = _stderr_log
+) -> Resolved:
+    """spark-avro ``spark_version`` (from_avro / to_avro), fetched if not cached. The wire-format bench
+    measures Avro with it; no service uses it."""
+    requested = {"spark.version": spark_version}
+    return _resolve("spark-avro", requested, [requested], cache_dir, log)
+
+
+def spark_avro_jars(cache_dir: Path = CACHE_DIR, *, log: Log = _stderr_log) -> list[Path]:
+    """Jars to add to a SparkSession for Spark's Avro functions, without those pyspark ships
+    (avro itself, scala-library)."""
+    return exclude_shipped(fetch_spark_avro(cache_dir, log=log).jars, pyspark_jars_dir())
+
+
 def fetch_zipkin(
     cache_dir: Path = CACHE_DIR, *, zipkin_version: str = ZIPKIN_VERSION, log: Log = _stderr_log
 ) -> Resolved:
@@ -333,5 +349,6 @@ def fetch_all(cache_dir: Path = CACHE_DIR, *, log: Log = _stderr_log) -> list[Re
     return [
         fetch_kafka(cache_dir, log=log),
         fetch_spark_kafka(cache_dir, log=log),
+        fetch_spark_avro(cache_dir, log=log),
         fetch_zipkin(cache_dir, log=log),
     ]

@@ -129,6 +129,20 @@ def test_spark_kafka_falls_back_to_an_older_token_provider(
     assert any("warning" in m for m in messages)
 
 
+def test_spark_avro_is_resolved_at_the_connectors_version_without_what_pyspark_ships(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = FakeMaven()
+    monkeypatch.setattr(fetch, "_run_maven", fake)
+    shipped = tmp_path / "pyspark-jars"
+    _touch_jars(shipped, ["slf4j-api-2.0.17.jar"])
+    monkeypatch.setattr(fetch, "pyspark_jars_dir", lambda: shipped)
+    jars = fetch.spark_avro_jars(tmp_path, log=lambda _m: None)
+    assert fake.calls == [{"spark.version": fetch.SPARK_KAFKA_VERSION}]
+    assert [j.name for j in jars] == [f"thing-{fetch.SPARK_KAFKA_VERSION}.jar"]  # slf4j-api: pyspark's
+    assert fetch.jars_dir("spark-avro", tmp_path) in jars[0].parents
+
+
 def test_spark_kafka_of_another_major_version_than_pyspark_is_refused(tmp_path: Path) -> None:
     with pytest.raises(InfraError, match="major versions differ"):
         fetch.fetch_spark_kafka(tmp_path, spark_version="3.5.1")
