@@ -143,8 +143,8 @@ def encode_us(rows: list[dict[str, Any]]) -> dict[str, float]:
     """Microseconds per record to write each format in Python (best of 5 runs over the rows).
 
     Each record's bytes are dropped before the next is written, as in ingest's loop (produce copies
-    them). Kept alive instead, orjson's output costs ~2.3 us a record here, not ~0.15: each result
-    then gets fresh memory from the allocator."""
+    them). With all of them kept alive instead, orjson's output cost ~2.3 us a record here, not
+    ~0.15 (README, The wire format)."""
     result = {}
     for fmt, write in WRITERS.items():
         best = min(timeit.repeat(lambda w=write: _write_each(w, rows), number=1, repeat=5))
