@@ -32,13 +32,7 @@ def _done(msg: str, t0: float) -> None:
 
 
 def cmd_fetch(args: argparse.Namespace) -> None:
-    bundles = (
-        ("kafka", fetch.fetch_kafka),
-        ("spark-kafka", fetch.fetch_spark_kafka),
-        ("spark-avro", fetch.fetch_spark_avro),
-        ("zipkin", fetch.fetch_zipkin),
-    )
-    for name, resolve in bundles:
+    for name, resolve in fetch.BUNDLES:
         t0 = time.monotonic()
         _step(f"{name} jars")
         res = resolve(args.cache_dir, log=_step)

@@ -345,10 +345,10 @@ def zipkin_jar(cache_dir: Path = CACHE_DIR, *, log: Log = _stderr_log) -> Path:
     return jars[0]
 
 
-def fetch_all(cache_dir: Path = CACHE_DIR, *, log: Log = _stderr_log) -> list[Resolved]:
-    return [
-        fetch_kafka(cache_dir, log=log),
-        fetch_spark_kafka(cache_dir, log=log),
-        fetch_spark_avro(cache_dir, log=log),
-        fetch_zipkin(cache_dir, log=log),
-    ]
+# Every bundle `python -m infra fetch` (and so `make setup`) resolves, by name, in order.
+BUNDLES: tuple[tuple[str, Callable[..., Resolved]], ...] = (
+    ("kafka", fetch_kafka),
+    ("spark-kafka", fetch_spark_kafka),
+    ("spark-avro", fetch_spark_avro),
+    ("zipkin", fetch_zipkin),
+)
