@@ -94,9 +94,14 @@ def next_epoch(known: list[int], resumes_checkpoint: bool, savepoint_epoch: int 
     return highest + 1
 
 
+def checkpoint_of(settings: ProcessorSettings, job_id: str) -> Path:
+    """The job's checkpoint directory."""
+    return settings.checkpoints_path / job_id
+
+
 def checkpoint_lease(settings: ProcessorSettings, job_id: str) -> CheckpointLease:
     """The lease on the job's checkpoint directory (not taken)."""
-    return CheckpointLease(settings.checkpoints_path / job_id)
+    return CheckpointLease(checkpoint_of(settings, job_id))
 
 
 def stored_leases(settings: ProcessorSettings) -> dict[str, str | None]:
@@ -105,7 +110,7 @@ def stored_leases(settings: ProcessorSettings) -> dict[str, str | None]:
     return {
         stored.spec.id: checkpoint_lease(settings, stored.spec.id).holder()
         for stored in JobStore(settings.jobs_path).all()
-        if stored.should_run and not savepoints.was_stopped(settings.checkpoints_path / stored.spec.id)
+        if stored.should_run and not savepoints.was_stopped(checkpoint_of(settings, stored.spec.id))
     }
 
 
@@ -130,7 +135,7 @@ class JobManager:
 
     # --- paths ------------------------------------------------------------------------------------
     def checkpoint_dir(self, job_id: str) -> Path:
-        return self.settings.checkpoints_path / job_id
+        return checkpoint_of(self.settings, job_id)
 
     # --- reads ------------------------------------------------------------------------------------
     def _view(self, job: Job) -> JobView:
@@ -358,10 +363,14 @@ class JobManager:
         (cancelled, or for a savepoint), which its checkpoint's note says before another processor
         can take the lease."""
         query = job.query
-        if query is None:
-            if stopped:
-                savepoints.mark_stopped(self.checkpoint_dir(job.spec.id))
-            return
+        if query is not None:
+            self._stop_running(job, query, at_batch_boundary)
+        if stopped:
+            savepoints.mark_stopped(self.checkpoint_dir(job.spec.id))
+        if query is not None:
+            self._release(job.spec.id)  # stopped: no longer writing its checkpoint
+
+    def _stop_running(self, job: Job, query: StreamingQuery, at_batch_boundary: bool) -> None:
         if at_batch_boundary and query.isActive:
             # Stop between two triggers when one comes within the timeout. Stopping mid-batch is safe
             # too: Spark's offset log replays that batch on restore; this only avoids the rework.
@@ -375,9 +384,6 @@ class JobManager:
         except Exception as e:  # a query that failed while stopping is stopped all the same
             log.warning("job %s: stopping its query: %s", job.spec.id, _first_line(e))
         self._set(job, query=None)
-        if stopped:
-            savepoints.mark_stopped(self.checkpoint_dir(job.spec.id))
-        self._release(job.spec.id)  # stopped: no longer writing its checkpoint
 
     # --- supervision ------------------------------------------------------------------------------
     def record_crash(self) -> Sequence[str]:
