@@ -18,7 +18,6 @@ sample parse in Spark to the same rows, and the Python-written Avro is byte for 
 
 from __future__ import annotations
 
-import os
 import statistics
 import struct
 import time
@@ -35,6 +34,7 @@ from infra.class_archive import processor_jvm_settings
 from infra.fetch import spark_avro_jars, spark_kafka_jars
 from services.processor.app import build_spark
 from services.processor.settings import ProcessorSettings
+from tests.bench.probe import cpu_seconds
 
 ROWS = 1_000_000
 ROUNDS = 5
@@ -167,16 +167,10 @@ def python_written_parse_back(spark: SparkSession) -> dict[str, bool]:
     return checks
 
 
-def jvm_cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def run_once(spark: SparkSession, df: DataFrame, fmt: str, jvm: int) -> tuple[float, float, list[Any]]:
-    started, cpu = time.monotonic(), jvm_cpu_s(jvm)
+    started, cpu = time.monotonic(), cpu_seconds({"jvm": jvm})["jvm"]
     rows = parsed(df, fmt).groupBy("k").agg(F.count("*").alias("n"), F.sum("v").alias("s")).collect()
-    wall, cpu = time.monotonic() - started, jvm_cpu_s(jvm) - cpu
+    wall, cpu = time.monotonic() - started, cpu_seconds({"jvm": jvm})["jvm"] - cpu
     return wall, cpu, sorted((r["k"], r["n"], round(r["s"], 6)) for r in rows)
 
 
