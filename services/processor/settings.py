@@ -38,7 +38,8 @@ class ProcessorSettings(BaseServiceSettings):
     # How Spark's JVMs compile Java to machine code. "tiered" (the JVM's default): C1 first, then C2
     # for hot code, the fastest code once warm, but C2 compiles for minutes into a fresh JVM and takes
     # a core doing it. "quick": C1 only (-XX:TieredStopAtLevel=1): a start, a restart's recovery and a
-    # first batch take about half as long, and a warm JVM spends more CPU per row (README, A quick JIT).
+    # first batch take about half as long, and a warm JVM spends more CPU per row (tests/bench/README.md,
+    # A quick JIT).
     jit: Literal["tiered", "quick"] = "tiered"
     # Extra Spark settings, e.g. {"spark.sql.streaming.realTimeMode.minBatchDuration": "2000ms"}.
     spark_conf: dict[str, str] = Field(default_factory=dict)

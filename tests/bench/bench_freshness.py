@@ -16,7 +16,7 @@ on a key of its own (tests/bench/markers.py):
   `.valid` (ingest), from there to their window's update in the output topic (processor, with
   ingest's transaction commit) and from there to Redis (sink), from the records' CreateTimes;
 - CPU per process during the measurement (tests/bench/probe.py), and how long the processor had been
-  up when it began: its JVM compiles for minutes into a run (README, A boundary is also the JIT
+  up when it began: its JVM compiles for minutes into a run (tests/bench/README.md, A boundary is also the JIT
   compiling the planner), so the modes measured later meet a warmer processor;
 - checked: after the load stops, every window in Redis equals the count of events sent to it.
 

@@ -144,7 +144,7 @@ def encode_us(rows: list[dict[str, Any]]) -> dict[str, float]:
 
     Each record's bytes are dropped before the next is written, as in ingest's loop (produce copies
     them). With all of them kept alive instead, orjson's output cost ~2.3 us a record here, not
-    ~0.15 (README, The wire format)."""
+    ~0.15 (tests/bench/README.md, The wire format)."""
     result = {}
     for fmt, write in WRITERS.items():
         best = min(timeit.repeat(lambda w=write: _write_each(w, rows), number=1, repeat=5))
