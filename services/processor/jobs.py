@@ -21,6 +21,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from py4j.protocol import Py4JError
 from pyspark.errors import AnalysisException
@@ -104,14 +105,46 @@ def checkpoint_lease(settings: ProcessorSettings, job_id: str) -> CheckpointLeas
     return CheckpointLease(checkpoint_of(settings, job_id))
 
 
+@dataclass(frozen=True)
+class StoredVerdict:
+    """What a start of this processor does with one job it ran (from the job store)."""
+
+    stored: StoredJob
+    verdict: Literal["resume", "held", "stopped", "quarantined"]
+    holder: str | None = None  # "held": who holds its checkpoint
+
+
+def stored_verdicts(settings: ProcessorSettings) -> list[StoredVerdict]:
+    """Every job that should run here, and whether a start resumes it:
+
+    - "quarantined": Spark's JVM died the last ``job_quarantine_crashes`` times while it ran;
+    - "stopped": control moved it while this processor was down, and it was stopped where it ran;
+    - "held": control moved it, and another query holds its checkpoint now;
+    - "resume": none of those.
+
+    Reads files only (the job store, the checkpoint's note and lease): no Spark needed. The one rule
+    for both the wait before Spark starts (stored_leases) and the start itself (resume_stored).
+    """
+    limit = settings.job_quarantine_crashes
+    verdicts = []
+    for stored in JobStore(settings.jobs_path).all():
+        if not stored.should_run:
+            continue
+        if limit and stored.crashes >= limit:
+            verdicts.append(StoredVerdict(stored, "quarantined"))
+        elif savepoints.was_stopped(checkpoint_of(settings, stored.spec.id)):
+            verdicts.append(StoredVerdict(stored, "stopped"))
+        elif (holder := checkpoint_lease(settings, stored.spec.id).holder()) is not None:
+            verdicts.append(StoredVerdict(stored, "held", holder))
+        else:
+            verdicts.append(StoredVerdict(stored, "resume"))
+    return verdicts
+
+
 def stored_leases(settings: ProcessorSettings) -> dict[str, str | None]:
-    """Each job a start of this processor resumes, with who holds its checkpoint when another process
-    does (None: free to resume here). Reads files only: no Spark needed."""
-    return {
-        stored.spec.id: checkpoint_lease(settings, stored.spec.id).holder()
-        for stored in JobStore(settings.jobs_path).all()
-        if stored.should_run and not savepoints.was_stopped(checkpoint_of(settings, stored.spec.id))
-    }
+    """Each job a start of this processor would resume but for another process holding it, with that
+    holder (None: free to resume here)."""
+    return {v.stored.spec.id: v.holder for v in stored_verdicts(settings) if v.verdict in ("resume", "held")}
 
 
 def _first_line(text: object) -> str:
@@ -449,13 +482,13 @@ class JobManager:
                         self._set(job, state=JobState.FAILED, message=_first_line(e))
 
     def resume_stored(self, skip: set[str]) -> None:
-        """Start again every job that ran when the processor last stopped (or died), except those
-        quarantined: running each of the last ``job_quarantine_crashes`` times Spark's JVM died."""
-        limit = self.settings.job_quarantine_crashes
-        for stored in self.store.all():
-            if not stored.should_run or stored.spec.id in skip:
+        """Start again every job that ran when the processor last stopped (or died), but those
+        ``stored_verdicts`` rules out; quarantined ones are FAILED with the reason."""
+        for v in stored_verdicts(self.settings):
+            stored = v.stored
+            if stored.spec.id in skip:
                 continue
-            if limit and stored.crashes >= limit:
+            if v.verdict == "quarantined":
                 message = (
                     f"{QUARANTINED} Spark's JVM died {stored.crashes} times while this job ran, before it "
                     "completed a micro-batch; it is not resumed. Check its expressions and volume, then "
@@ -464,27 +497,24 @@ class JobManager:
                 log.error("job %s %s", stored.spec.id, message)
                 self.store.put(stored.with_(should_run=False))
                 self._set(Job(spec=stored.spec, epoch=stored.epoch, state=JobState.FAILED, message=message))
-                continue
-            if savepoints.was_stopped(self.checkpoint_dir(stored.spec.id)):
+            elif v.verdict == "stopped":
                 # Control moved it while this processor was down, and it was stopped where it ran.
                 log.info("job %s not resumed: it was stopped since it last ran here", stored.spec.id)
                 self.store.put(stored.with_(should_run=False))
-                continue
-            holder = checkpoint_lease(self.settings, stored.spec.id).holder()
-            if holder is not None:  # control moved it while this processor was down: no Spark work
+            elif v.verdict == "held":  # control moved it while this processor was down: no Spark work
                 log.info(
                     "job %s not resumed: its checkpoint is in use by another query (%s)",
                     stored.spec.id,
-                    holder,
+                    v.holder,
                 )
-                continue
-            began = time.monotonic()
-            try:
-                self.start(stored.spec, crashes=stored.crashes)
-            except (ProcessorError, SpecError) as e:
-                log.error("job %s not resumed: %s", stored.spec.id, e)
             else:
-                log.info("job %s resumed in %.1f s", stored.spec.id, time.monotonic() - began)
+                began = time.monotonic()
+                try:
+                    self.start(stored.spec, crashes=stored.crashes)
+                except (ProcessorError, SpecError) as e:
+                    log.error("job %s not resumed: %s", stored.spec.id, e)
+                else:
+                    log.info("job %s resumed in %.1f s", stored.spec.id, time.monotonic() - began)
 
     def shutdown(self) -> None:
         """Stop every query (the service is going down); jobs that should run resume on restart."""

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from services.processor import savepoints
 from services.processor.app import Processor, warmup_seconds
-from services.processor.jobs import stored_leases
+from services.processor.jobs import stored_leases, stored_verdicts
 from services.processor.leases import CheckpointLease
 from services.processor.settings import ProcessorSettings
 from services.processor.store import JobStore, StoredJob
@@ -60,6 +60,22 @@ def test_a_job_stopped_where_it_ran_is_not_one_a_start_resumes(tmp_path: Path) -
     assert set(leases) == {"a"} and leases["a"] is not None
     assert timed(p, yielded=True) >= 0.5  # every job it would resume is held: it waits, then warms up
     held.release()
+
+
+def test_a_quarantined_job_is_not_one_a_start_resumes(tmp_path: Path) -> None:
+    p = processor_with_jobs(tmp_path, 0.5, a=True, stopped=False)
+    crashes = p.settings.job_quarantine_crashes
+    JobStore(p.settings.jobs_path).put(
+        StoredJob(spec=SPEC.model_copy(update={"id": "q"}), should_run=True, epoch=0, crashes=crashes)
+    )
+    held = hold(p, "a")
+    verdicts = {v.stored.spec.id: v.verdict for v in stored_verdicts(p.settings)}
+    assert verdicts == {"a": "held", "q": "quarantined"}  # a job that should not run has none
+    assert set(stored_leases(p.settings)) == {"a"}
+    assert timed(p, yielded=True) >= 0.5  # q will be FAILED, not run: every job it would resume is held
+    held.release()
+    verdicts = {v.stored.spec.id: v.verdict for v in stored_verdicts(p.settings)}
+    assert verdicts == {"a": "resume", "q": "quarantined"}
 
 
 def test_it_waits_while_every_job_it_ran_is_held_elsewhere(tmp_path: Path) -> None:
