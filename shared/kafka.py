@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterable
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
@@ -62,21 +63,27 @@ def consumer_config(bootstrap: str, group_id: str, **extra: object) -> dict[str,
     }
 
 
-def consume_batch(consumer: Consumer, max_records: int, max_wait_s: float, linger_s: float) -> list[Message]:
+def consume_batch(
+    consumer: Consumer, max_records: int, max_wait_s: float, linger_s: float, not_before: float = 0.0
+) -> list[Message]:
     """Up to ``max_records`` records: what is already fetched, else the first to arrive within
-    ``max_wait_s``; then whatever else arrives within ``linger_s``.
+    ``max_wait_s``; then whatever else arrives within ``linger_s``, or until ``not_before`` (a
+    ``time.monotonic()`` instant) when that is later.
 
     A plain ``consume(max_records, timeout)`` waits the whole timeout unless the batch fills, so at low
     rates every record waited the full timeout; this way a lone record waits at most ``linger_s``, and
-    under load batches still fill at once.
+    under load batches still fill at once. ``not_before`` spaces batches out (a caller's minimum
+    interval between them) without holding back a full one.
     """
     batch = consumer.consume(num_messages=max_records, timeout=0)
     if not batch:
         batch = consumer.consume(num_messages=1, timeout=max_wait_s)
         if not batch:
             return batch
-    if len(batch) < max_records and linger_s > 0:
-        batch += consumer.consume(num_messages=max_records - len(batch), timeout=linger_s)
+    if len(batch) < max_records:
+        linger = max(linger_s, not_before - time.monotonic()) if not_before else linger_s
+        if linger > 0:
+            batch += consumer.consume(num_messages=max_records - len(batch), timeout=linger)
     return batch
 
 

@@ -139,6 +139,7 @@ class Ingest:
         self._consumer: Consumer | None = None
         self._producer: Producer | None = None
         self._rebalances = 0
+        self._next_transaction_at = 0.0  # time.monotonic(): transaction_interval_ms after the last began
         self._assigned: set[tuple[str, int]] = set()
         self._to_restore: set[tuple[str, int]] = set()
         self._progress_version = -1
@@ -391,7 +392,11 @@ class Ingest:
         self._sync_remote_progress()
         rebalances = self._rebalances
         msgs = consume_batch(
-            self._consumer, s.batch_max_records, s.batch_max_wait_ms / 1000, s.batch_linger_ms / 1000
+            self._consumer,
+            s.batch_max_records,
+            s.batch_max_wait_ms / 1000,
+            s.batch_linger_ms / 1000,
+            not_before=self._next_transaction_at,
         )
         # Read before the rebalance check: a fatal consumer error raises even from a batch that is
         # dropped (librdkafka revokes the partitions as the consumer fails; a dropped error left
@@ -410,6 +415,7 @@ class Ingest:
             self._rewind(records[chunk:])
             records = records[:chunk]
         started = time.perf_counter()
+        self._next_transaction_at = time.monotonic() + s.transaction_interval_ms / 1000
         snapshot = {t: w.snapshot() for t, w in self.watermarks.items()}
         receipts = ReceiveSpans(self.tracer)
         try:

@@ -1,13 +1,14 @@
-"""What ingest's commit rate costs: broker CPU and freshness against SF_INGEST_BATCH_LINGER_MS.
+"""What ingest's commit rate costs: CPU and freshness against its batch linger and transaction interval.
 
 `python -m tests.bench commits`. On the stack of tests/bench/stack.py, after the freshness part's stack
 warm-up (a fresh broker spends its first ~40 s compiling), one count-only real-time job (30 s
-batches, one partition). For each linger in LINGERS_MS, ingest is restarted with it, then per rate
+batches, one partition). For each (linger, transaction interval) in SETTINGS (SF_INGEST_BATCH_LINGER_MS,
+SF_INGEST_TRANSACTION_INTERVAL_MS), ingest is restarted with it, then per rate
 (1,000 and 10,000 events/s plus 20 markers/s, tests/bench/markers.py): 8 s warm-up, 20 s measured,
 3 s tail. Per point: ingest's commits per second (the count of its ``ingest_transaction_records``
 histogram), CPU per process (tests/bench/probe.py), marker freshness p50/p95/p99. Checked: after
-the load, every window in Redis equals the events sent to it. Ingest is restarted with its default
-linger at the end.
+the load, every window in Redis equals the events sent to it. Ingest is restarted with its defaults
+at the end.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ from tests.bench.markers import Load, MarkerWatch, percentiles_ms
 from tests.bench.probe import StageProbe
 from tests.bench.stack import Control, services_up
 
-LINGERS_MS = (5, 20, 50)
+# (batch linger, transaction interval) in ms: the default (5, 20); commits as fast as they go (5, 0), as
+# before the interval; longer lingers.
+SETTINGS_MS = ((5, 20), (5, 0), (20, 0), (50, 0))
 WARMUP_S, MEASURE_S, TAIL_S = 8, 20, 3
 
 
@@ -54,7 +57,7 @@ def main() -> dict[str, Any]:
     client = redis.Redis.from_url(cfg.redis_url)
     job_id = f"commits-{uuid.uuid4().hex[:6]}"
     ensure_topics(cfg.bootstrap, [job_id, f"{job_id}.valid"], partitions=1)
-    out: dict[str, Any] = {"lingers_ms": list(LINGERS_MS), "rates": list(RATES), "points": {}}
+    out: dict[str, Any] = {"settings_ms": [list(x) for x in SETTINGS_MS], "rates": list(RATES), "points": {}}
     with Control(cfg) as control:
         warm_up(cfg, control)
         spec = workload.spec(job_id, workload.COUNT_ONLY, trigger_mode="real_time", trigger_interval="30s")
@@ -62,8 +65,12 @@ def main() -> dict[str, Any]:
         try:
             load = Load(cfg.bootstrap, job_id)
             with MarkerWatch(cfg.redis_url, job_id) as watch:
-                for linger in LINGERS_MS:
-                    restart_ingest(cfg, {"SF_INGEST_BATCH_LINGER_MS": str(linger)})
+                for linger, interval in SETTINGS_MS:
+                    env = {
+                        "SF_INGEST_BATCH_LINGER_MS": str(linger),
+                        "SF_INGEST_TRANSACTION_INTERVAL_MS": str(interval),
+                    }
+                    restart_ingest(cfg, env)
                     for rate in RATES:
                         load.run(rate, WARMUP_S, MARKERS_PER_S)
                         before = commits(cfg)
@@ -74,8 +81,9 @@ def main() -> dict[str, Any]:
                         after = commits(cfg)
                         load.run(rate, TAIL_S, MARKERS_PER_S)
                         seen = [f for f in map(watch.freshness, markers) if f is not None]
-                        out["points"][f"{linger}ms/{rate}"] = {
+                        out["points"][f"{linger}ms/{interval}ms/{rate}"] = {
                             "linger_ms": linger,
+                            "transaction_interval_ms": interval,
                             "rate": rate,
                             "commits_per_s": round((after - before) / MEASURE_S, 1),
                             "cores": probe.cores(),

@@ -7,6 +7,7 @@ test_ingest_* modules.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -238,3 +239,45 @@ def test_traced_records_carry_their_receive_span_downstream(kafka_bootstrap: str
     spans = [s for s in exporter.get_finished_spans() if s.name == f"receive {stream.topic}"]
     assert len(spans) == 5
     assert {format(s.context.span_id, "016x") for s in spans} == {tp[36:52] for tp in traceparents.values()}
+
+
+def test_transactions_are_spaced_by_the_interval_at_low_rates(kafka_bootstrap: str, unique: str) -> None:
+    """A trickle (a record every 10 ms for 1.5 s) makes a transaction per transaction_interval_ms, not
+    one per linger's few records; every record is still forwarded once."""
+
+    def commits_with(interval_ms: int) -> int:
+        stream = stream_definition(f"{unique}-{interval_ms}")
+        ensure_topics(kafka_bootstrap, [stream.topic], partitions=1)
+        count = REGISTRY.get_sample_value("ingest_transaction_records_count") or 0.0
+        settings = ingest_settings(
+            kafka_bootstrap, stream.topic, batch_linger_ms=5, transaction_interval_ms=interval_ms
+        )
+        ingest = Ingest(settings, [stream])
+        ingest.start()
+        try:
+            drain(ingest, 0, timeout_s=0)  # joined and caught up before the trickle begins
+            producer = Producer({"bootstrap.servers": kafka_bootstrap, "linger.ms": 0})
+
+            def trickle() -> None:
+                for i in range(150):
+                    producer.produce(stream.topic, orjson.dumps({"page": "/t", "ts": BASE_MS + i}))
+                    producer.poll(0)
+                    time.sleep(0.01)
+                producer.flush(10)
+
+            sender = threading.Thread(target=trickle)
+            sender.start()
+            consumed = 0
+            while sender.is_alive():
+                consumed += ingest.run_once().consumed
+            sender.join()
+            assert consumed + drain(ingest, 150 - consumed) == 150
+        finally:
+            ingest.close()
+        forwarded = read_all(kafka_bootstrap, stream.source.valid_topic, min_count=150)
+        assert sorted(orjson.loads(m.value())["ts"] for m in forwarded) == [BASE_MS + i for i in range(150)]
+        return int((REGISTRY.get_sample_value("ingest_transaction_records_count") or 0.0) - count)
+
+    spaced, unspaced = commits_with(250), commits_with(0)
+    assert spaced <= 12  # ~1.5-2 s of records at one transaction per 250 ms
+    assert unspaced >= 3 * spaced  # a transaction per linger's few records

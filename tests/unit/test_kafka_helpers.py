@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from confluent_kafka import Consumer
 
 from shared.kafka import close_consumer, consume_batch
@@ -54,3 +56,17 @@ def test_consume_batch_waits_for_the_first_record_then_only_lingers() -> None:
     lone = _FakeConsumer(fetched=0, arriving=1)
     assert len(consume_batch(lone, 10, max_wait_s=0.2, linger_s=0.005)) == 1  # type: ignore[arg-type]
     assert lone.calls == [(10, 0), (1, 0.2), (9, 0.005)]
+
+
+def test_consume_batch_lingers_until_not_before_but_never_holds_a_full_batch() -> None:
+    spaced = _FakeConsumer(fetched=2, arriving=3)
+    not_before = time.monotonic() + 0.5
+    assert len(consume_batch(spaced, 10, 0.2, 0.005, not_before=not_before)) == 5  # type: ignore[arg-type]
+    (_, first), (n, linger) = spaced.calls
+    assert first == 0 and n == 8 and 0.45 < linger <= 0.5  # waits out the interval for more records
+    past = _FakeConsumer(fetched=2, arriving=3)
+    assert len(consume_batch(past, 10, 0.2, 0.005, not_before=time.monotonic() - 1)) == 5  # type: ignore[arg-type]
+    assert past.calls == [(10, 0), (8, 0.005)]  # the interval is over: only the linger
+    full = _FakeConsumer(fetched=10, arriving=0)
+    assert len(consume_batch(full, 10, 0.2, 0.005, not_before=not_before)) == 10  # type: ignore[arg-type]
+    assert full.calls == [(10, 0)]  # a full batch goes at once
