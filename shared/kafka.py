@@ -81,7 +81,7 @@ def consume_batch(
         if not batch:
             return batch
     if len(batch) < max_records:
-        linger = max(linger_s, not_before - time.monotonic()) if not_before else linger_s
+        linger = max(linger_s, not_before - time.monotonic())
         if linger > 0:
             batch += consumer.consume(num_messages=max_records - len(batch), timeout=linger)
     return batch

@@ -105,12 +105,15 @@ def checkpoint_lease(settings: ProcessorSettings, job_id: str) -> CheckpointLeas
     return CheckpointLease(checkpoint_of(settings, job_id))
 
 
+Verdict = Literal["resume", "held", "stopped", "quarantined"]
+
+
 @dataclass(frozen=True)
 class StoredVerdict:
     """What a start of this processor does with one job it ran (from the job store)."""
 
     stored: StoredJob
-    verdict: Literal["resume", "held", "stopped", "quarantined"]
+    verdict: Verdict
     holder: str | None = None  # "held": who holds its checkpoint
 
 
@@ -130,14 +133,15 @@ def stored_verdicts(settings: ProcessorSettings) -> list[StoredVerdict]:
     for stored in JobStore(settings.jobs_path).all():
         if not stored.should_run:
             continue
+        holder = None
+        verdict: Verdict = "resume"
         if limit and stored.crashes >= limit:
-            verdicts.append(StoredVerdict(stored, "quarantined"))
+            verdict = "quarantined"
         elif savepoints.was_stopped(checkpoint_of(settings, stored.spec.id)):
-            verdicts.append(StoredVerdict(stored, "stopped"))
+            verdict = "stopped"
         elif (holder := checkpoint_lease(settings, stored.spec.id).holder()) is not None:
-            verdicts.append(StoredVerdict(stored, "held", holder))
-        else:
-            verdicts.append(StoredVerdict(stored, "resume"))
+            verdict = "held"
+        verdicts.append(StoredVerdict(stored, verdict, holder))
     return verdicts
 
 
