@@ -50,6 +50,7 @@ def class_archive_options(archive: str) -> str:
 
 FORKLESS_LOCAL_FS = "io.streamforge.hadoop.ForklessLocalFileSystem"
 REALTIME_SHUFFLE_FLUSH = "spark.shuffle.streaming.networkBufferMaxWaitTimeMs"
+STATE_CLEANUP_PER_ROW = "spark.sql.streaming.statefulOperator.incrementalCleanupFactor"
 DRIVER_CLASS_PATH = "spark.driver.extraClassPath"
 
 
@@ -87,6 +88,7 @@ def session_conf(settings: ProcessorSettings) -> dict[str, str]:
     what ``spark_conf`` names explicitly wins over the defaults here."""
     conf = {
         REALTIME_SHUFFLE_FLUSH: str(settings.realtime_shuffle_flush_ms),
+        STATE_CLEANUP_PER_ROW: str(settings.state_cleanup_per_row),
         **settings.spark_conf,
         **local_fs_options(settings),
     }

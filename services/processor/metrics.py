@@ -328,8 +328,19 @@ def _where(progress: dict[str, Any]) -> str:
     # Inside addBatch: what each stateful operator spent on its state store.
     state = "; ".join(
         f"state {op.get('operatorName', '?')}: updates {op.get('allUpdatesTimeMs', '?')} ms, "
-        f"removals {op.get('allRemovalsTimeMs', '?')} ms, commit {op.get('commitTimeMs', '?')} ms"
+        f"removals {op.get('allRemovalsTimeMs', '?')} ms ({_removed(op)}), "
+        f"commit {op.get('commitTimeMs', '?')} ms"
         for op in progress.get("stateOperators") or []
         if isinstance(op, dict)
     )
     return f"{parts}; {state}" if state else parts
+
+
+def _removed(operator: dict[str, Any]) -> str:
+    """The state rows a stateful operator removed in a batch, and how many of them as rows arrived
+    (incremental clean-up, settings.state_cleanup_per_row) rather than at the batch's end."""
+    removed = operator.get("numRowsRemoved", "?")
+    custom = operator.get("customMetrics") or {}
+    if "numRowsIncrementallyRemoved" not in custom:
+        return f"{removed} rows"
+    return f"{removed} rows, {custom['numRowsIncrementallyRemoved']} as rows arrived"

@@ -35,6 +35,13 @@ class ProcessorSettings(BaseServiceSettings):
     # freshness from ~30 to ~9 ms (README, Latency budget). Micro-batch jobs do not use that shuffle.
     # At most 1 s: past that a quiet key's update would wait longer than a micro-batch job's.
     realtime_shuffle_flush_ms: int = Field(5, ge=1, le=1_000)
+    # A real-time window job drops the windows behind the watermark from its state as rows arrive, up
+    # to this many per row (spark.sql.streaming.statefulOperator.incrementalCleanupFactor), instead of
+    # in one scan at the batch's end: that scan stops reading for as long as it takes, which grows with
+    # the state (~0.5 s a boundary at 100,000 keys here: tests/bench/README.md, Closed windows leave
+    # the state as rows arrive). What a batch leaves is still dropped at its end. Spark's deduplication
+    # reads it too; a micro-batch window job's state does not. 0: all at the end (Spark's default).
+    state_cleanup_per_row: int = Field(4, ge=0, le=1_000)
     # How Spark's JVMs compile Java to machine code. "tiered" (the JVM's default): C1 first, then C2
     # for hot code, the fastest code once warm, but C2 compiles for minutes into a fresh JVM and takes
     # a core doing it. "quick": C1 only (-XX:TieredStopAtLevel=1): a start, a restart's recovery and a

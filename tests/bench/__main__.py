@@ -8,7 +8,7 @@
 
 The report's parts (tests/bench/bench_<part>.py, in this order): kafka, ingest, spark, pipeline,
 freshness, recovery, memory, faust. The component benches (processor, sink, sink_faust, tracing,
-startup, wire, commits, checkpoints) measure one piece each, on their own broker where they need one,
+startup, wire, commits, checkpoints, cleanup) measure one piece each, on their own broker where they need one,
 and are not in the report.
 
 Each part runs in its own Python process (a part's SparkSession, JVM or faust event loop ends with
@@ -43,6 +43,7 @@ COMPONENT_BENCHES = (
     "wire",
     "commits",
     "checkpoints",
+    "cleanup",
 )
 
 

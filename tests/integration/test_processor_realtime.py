@@ -20,7 +20,7 @@ import orjson
 import pytest
 from pyspark.sql import SparkSession
 
-from services.processor.app import REALTIME_SHUFFLE_FLUSH, ROCKSDB_PROVIDER
+from services.processor.app import REALTIME_SHUFFLE_FLUSH, ROCKSDB_PROVIDER, STATE_CLEANUP_PER_ROW
 from services.processor.jobs import JobManager
 from services.processor.metrics import JobMetricsListener
 from services.processor.query import start_query
@@ -44,7 +44,7 @@ WINDOWS = {
 }
 
 
-def spec_for(name: str, window: dict[str, Any]) -> JobSpec:
+def spec_for(name: str, window: dict[str, Any], watermark: str = "10m") -> JobSpec:
     return JobSpec.model_validate(
         {
             "id": name,
@@ -55,8 +55,8 @@ def spec_for(name: str, window: dict[str, Any]) -> JobSpec:
                 "event_time": {"field": "ts"},
             },
             "window": window,
-            # Nothing is late here: the oracle needs no watermark.
-            "watermark": {"max_out_of_orderness": "10m"},
+            # At 10m nothing is late here: the oracle needs no watermark.
+            "watermark": {"max_out_of_orderness": watermark},
             "aggregations": [
                 {"fn": "count", "as": "n"},
                 {"fn": "sum", "field": "value", "as": "total"},
@@ -118,6 +118,51 @@ def test_the_session_sets_spark_s_real_time_shuffle_flush(spark: SparkSession) -
     assert entry.key() == REALTIME_SHUFFLE_FLUSH
     assert entry.defaultValueString() == "50"
     assert spark.sparkContext.getConf().get(REALTIME_SHUFFLE_FLUSH) == "5"
+
+
+def test_a_real_time_job_drops_windows_behind_the_watermark_as_rows_arrive(
+    spark: SparkSession,  # noqa: F811
+    kafka_bootstrap: str,
+    tmp_path: Path,
+) -> None:
+    """Closed windows leave the state while a real-time batch runs, a few per input row
+    (settings.state_cleanup_per_row), not in one scan at its end that stops output meanwhile; the
+    results still equal the oracle."""
+    assert spark.conf.get(STATE_CLEANUP_PER_ROW) == str(ProcessorSettings().state_cleanup_per_row) == "4"
+    spec = spec_for(f"rt{uuid.uuid4().hex[:8]}-cleanup", {"type": "tumbling", "size": "1s"}, watermark="1s")
+    ensure_topics(kafka_bootstrap, [spec.source.valid_topic, spec.output_topic], 1)
+    query = start_query(spark, spec, kafka_bootstrap, str(tmp_path / "ckpt"), max_offsets=100_000)
+    sent: list[dict[str, Any]] = []
+    incremental = 0
+    try:
+        # Event time moves on a second every 0.25 s: each real-time batch (5 s) closes ~20 windows a
+        # key, which the next batch's rows drop, once its watermark has passed them.
+        deadline = time.monotonic() + 60
+        while not incremental and time.monotonic() < deadline:
+            events = [
+                {"k": k, "value": 1, "ts": BASE + len(sent) // 6 * 1000 + i} for i, k in enumerate(KEYS * 2)
+            ]
+            produce_keyed(
+                kafka_bootstrap,
+                spec.source.valid_topic,
+                ((str(e["k"]).encode(), orjson.dumps(e)) for e in events),
+            )
+            sent += events
+            time.sleep(0.25)
+            incremental = sum(
+                int(op.customMetrics.get("numRowsIncrementallyRemoved", 0))
+                for progress in query.recentProgress
+                for op in progress.stateOperators
+            )
+        assert query.isActive, query.exception()
+        assert incremental > 0, "no window left the state while a batch ran"
+        wait_for(kafka_bootstrap, spec, oracle(spec, sent))
+    finally:
+        query.stop()
+    newest, _ = latest(kafka_bootstrap, spec.output_topic)
+    assert {k: r.aggregates["n"] for k, r in newest.items()} == {
+        k: len(v) for k, v in oracle(spec, sent).items()
+    }
 
 
 @pytest.mark.parametrize("kind", list(WINDOWS))

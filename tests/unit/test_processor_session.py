@@ -15,6 +15,7 @@ from services.processor.app import (
     EXECUTOR_JAVA_OPTIONS,
     JIT_OPTIONS,
     REALTIME_SHUFFLE_FLUSH,
+    STATE_CLEANUP_PER_ROW,
     session_conf,
 )
 from services.processor.settings import ProcessorSettings
@@ -28,6 +29,16 @@ def test_the_real_time_shuffle_flushes_within_5_ms_unless_the_profile_is_through
     assert session_conf(ProcessorSettings())[REALTIME_SHUFFLE_FLUSH] == "50"  # Spark's own default
     monkeypatch.setenv("SF_PROCESSOR_REALTIME_SHUFFLE_FLUSH_MS", "20")  # explicit wins over the profile
     assert session_conf(ProcessorSettings())[REALTIME_SHUFFLE_FLUSH] == "20"
+
+
+def test_closed_windows_leave_the_state_as_rows_arrive_unless_set_to_0(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert session_conf(ProcessorSettings())[STATE_CLEANUP_PER_ROW] == "4"
+    monkeypatch.setenv("SF_PROCESSOR_STATE_CLEANUP_PER_ROW", "0")  # Spark's own: all at the batch's end
+    assert session_conf(ProcessorSettings())[STATE_CLEANUP_PER_ROW] == "0"
+    with pytest.raises(ValueError, match="greater than or equal to 0"):
+        ProcessorSettings(state_cleanup_per_row=-1)
 
 
 def test_spark_conf_given_explicitly_wins_over_the_derived_settings() -> None:
