@@ -9,14 +9,14 @@ real-time job (10 s batches, one partition) gets KEYS keys at RATE events/s plus
 that nearly every event opens a window and each batch closes ~RATE x 10 of them: WARMUP_S of load,
 then MEASURE_S measured. Per run: marker freshness p50/p95/p99/max, CPU per process, and the
 boundaries whose source stopped reading within the measured time (each step's p50 and max,
-boundaries.summary). Checked: every window in Redis equals the events sent to it. The processor is
-restarted with its defaults at the end.
+boundaries.summary; each run's event log stays in <run dir>/cleanup-events/ for
+`python -m tests.bench.boundaries`). Checked: every window in Redis equals the events sent to it.
+The processor is restarted with its defaults at the end.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 import time
 import uuid
 from typing import Any
@@ -77,7 +77,6 @@ def run_one(cfg: StackConfig, control: Control, factor: int) -> dict[str, Any]:
     found = [
         b for b in boundaries.boundaries(boundaries.read_events(events), job_id) if began <= b["at"] <= ended
     ]
-    shutil.rmtree(events, ignore_errors=True)
     return {
         "state_cleanup_per_row": factor,
         "cores": probe.cores(),

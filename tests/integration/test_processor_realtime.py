@@ -55,7 +55,7 @@ def spec_for(name: str, window: dict[str, Any], watermark: str = "10m") -> JobSp
                 "event_time": {"field": "ts"},
             },
             "window": window,
-            # At 10m nothing is late here: the oracle needs no watermark.
+            # With the default 10m nothing is late: the oracle needs no watermark.
             "watermark": {"max_out_of_orderness": watermark},
             "aggregations": [
                 {"fn": "count", "as": "n"},
