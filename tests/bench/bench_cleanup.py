@@ -23,11 +23,11 @@ from typing import Any
 
 import redis
 
-from infra import procs
-from infra.stack import StackConfig, start_service, wait_service_ready
+from infra.stack import StackConfig
 from shared.kafka import ensure_topics
 from tests.bench import boundaries, workload
 from tests.bench.bench_freshness import MARKERS_PER_S
+from tests.bench.bench_recovery import restart_processor
 from tests.bench.markers import Load, MarkerWatch, percentiles_ms
 from tests.bench.probe import StageProbe
 from tests.bench.stack import Control, services_up
@@ -36,12 +36,6 @@ FACTORS = (0, 4)  # SF_PROCESSOR_STATE_CLEANUP_PER_ROW: Spark's default, the pro
 ROUNDS = 2
 KEYS, RATE = 100_000, 2_000
 WARMUP_S, MEASURE_S, TAIL_S = 60, 90, 5
-
-
-def restart_processor(cfg: StackConfig, env: dict[str, str]) -> None:
-    procs.stop_process("processor", cfg.run_dir)
-    start_service(cfg, "processor", env)
-    wait_service_ready(cfg, "processor", timeout_s=180)
 
 
 def run_one(cfg: StackConfig, control: Control, factor: int) -> dict[str, Any]:
