@@ -41,6 +41,7 @@ from services.processor.metrics import JOB_RESTARTS, JobMetricsListener, JobTota
 from services.processor.query import REAL_TIME_SHUFFLE_PARTITIONS, Plan, build_plan, start_query
 from services.processor.settings import ProcessorSettings
 from services.processor.store import JobStore, StoredJob
+from services.processor.tracing import TRACE_NUMBERS
 from services.processor.versions import ROW_VERSIONS
 from shared.errors import SpecError
 from shared.jobspec import JobSpec
@@ -64,6 +65,7 @@ class Job:
     running_since: float = 0.0
     crashes: int = 0  # JVM deaths while it ran, since its last completed micro-batch (stored)
     versions: str = ROW_VERSIONS  # what its query runs with (Plan.versions)
+    trace: str = TRACE_NUMBERS  # likewise (Plan.trace)
 
 
 @dataclass(frozen=True)
@@ -219,7 +221,7 @@ class JobManager:
             raise PathRefusedError(refusal(what, path, roots, "SF_PROCESSOR_SAVEPOINT_ROOTS"))
 
     # --- commands ---------------------------------------------------------------------------------
-    def plan(self, spec: JobSpec, versions: str = ROW_VERSIONS) -> Plan:
+    def plan(self, spec: JobSpec, versions: str = ROW_VERSIONS, trace: str = TRACE_NUMBERS) -> Plan:
         """Check a spec against Spark (expressions, types, real-time limits) and build its query plan."""
         if spec.trigger_mode == "real_time":
             conf = self.spark.conf.get("spark.sql.streaming.realTimeMode.minBatchDuration") or "5000ms"
@@ -237,6 +239,7 @@ class JobManager:
                 self.settings.max_offsets_per_trigger,
                 versions,
                 task_records=self.settings.max_records_per_read_task,
+                trace=trace,
             )
         except AnalysisException as e:
             raise SpecError(f"job {spec.id}: Spark cannot run this spec: {_first_line(e)}") from None
@@ -252,22 +255,32 @@ class JobManager:
             if savepoint is not None:
                 savepoints.check_compatible(savepoint, spec)
             checkpoint = self.checkpoint_dir(spec.id)
-            versions = savepoints.versions_of(savepoint.checkpoint if savepoint is not None else checkpoint)
-            plan = self.plan(spec, versions)  # before any file is touched: a bad spec changes nothing
+            source = savepoint.checkpoint if savepoint is not None else checkpoint
+            # Before any file is touched: a bad spec changes nothing.
+            plan = self.plan(spec, savepoints.versions_of(source), savepoints.trace_state_of(source))
             lease = self._take_lease(spec.id)  # nor one another processor's query is writing
             try:
                 epoch = self._epoch_for(spec.id, savepoint)
                 if savepoint is not None:
-                    moved = savepoints.restore(savepoint, checkpoint, spec.id, epoch, plan.versions)
+                    moved = savepoints.restore(
+                        savepoint, checkpoint, spec.id, epoch, plan.versions, plan.trace
+                    )
                     lease.renew()  # the restored checkpoint is a new directory, with a lease file of its own
                     if moved is not None:
                         log.info("job %s: previous checkpoint moved to %s", spec.id, moved)
                 else:
-                    savepoints.write_note(checkpoint, spec.id, epoch, plan.versions)
+                    savepoints.write_note(checkpoint, spec.id, epoch, plan.versions, trace=plan.trace)
             except BaseException:
                 self._release(spec.id)
                 raise
-            job = Job(spec=spec, epoch=epoch, state=JobState.CREATED, crashes=crashes, versions=plan.versions)
+            job = Job(
+                spec=spec,
+                epoch=epoch,
+                state=JobState.CREATED,
+                crashes=crashes,
+                versions=plan.versions,
+                trace=plan.trace,
+            )
             self._set(job)
             self._run(job, plan)
             self.store.put(StoredJob(spec=spec, should_run=True, epoch=epoch, crashes=crashes))
@@ -299,7 +312,7 @@ class JobManager:
                 str(self.checkpoint_dir(spec.id)),
                 self.settings.max_offsets_per_trigger,
                 epoch=job.epoch,
-                plan=plan or self.plan(spec, job.versions),
+                plan=plan or self.plan(spec, job.versions, job.trace),
             )
         except CheckpointBusyError as e:  # another processor runs it (control sorts out which)
             self._forget(job)  # never ran here: nothing to report in heartbeats

@@ -26,8 +26,12 @@ from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 from services.processor.expressions import checked_column
 from services.processor.tracing import (
     SPARK_OBSERVATION,
+    TRACE_NUMBERS,
+    TRACE_TEXT,
     spark_observed_traceparents_sql,
     spark_sampled_traceparent_sql,
+    spark_trace_numbers,
+    spark_traceparent_of_numbers,
 )
 from services.processor.versions import BATCH_VERSIONS, ROW_VERSIONS, version_column, version_of
 from shared import constants
@@ -63,6 +67,7 @@ RIGHT_KEY = "__right_key"
 RIGHT_EVENT_TIME = "__right_event_time"
 # A record's W3C traceparent when it says "sampled", else NULL (see shared/TELEMETRY.md).
 TRACE = "__traceparent"
+TRACE_PART = "__trace_"  # a window's sampled trace context as numbers (tracing.TRACE_NUMBERS)
 # Observed metrics counting rows the processor could not read, per source (see _readable()).
 MALFORMED_OBSERVATIONS = ("sf_malformed", "sf_malformed_joined")
 
@@ -241,14 +246,28 @@ def batch_versions(spec: JobSpec, versions: str) -> bool:
     return spec.kind == "windowed" and spec.trigger_mode != "real_time" and versions == BATCH_VERSIONS
 
 
-def windowed(spec: JobSpec, rows: DataFrame, *, row_count: bool = True) -> DataFrame:
-    """Aggregates per (window, key): one column per output name, plus WINDOW and KEY (and ROWS, the
-    rows the window holds so far, unless ``row_count`` is false: checkpoints of before)."""
+def sampled_trace(trace: str) -> tuple[list[Column], Column]:
+    """One sampled event's trace context per window, carried to the sink as a header: the aggregates
+    that keep it in the window's state, and the traceparent column read back from them."""
+    if trace == TRACE_TEXT:  # a checkpoint of before
+        return [F.max(TRACE).alias(TRACE)], F.col(TRACE)
+    numbers = spark_trace_numbers(TRACE, TRACE_PART)
+    span = F.expr(numbers[2][1])  # the sampled event with the highest span id speaks for the window
+    kept = [F.max_by(F.expr(sql), span).alias(name) for name, sql in numbers]
+    return kept, F.expr(spark_traceparent_of_numbers(TRACE_PART))
+
+
+def windowed(
+    spec: JobSpec, rows: DataFrame, *, row_count: bool = True, trace: str = TRACE_NUMBERS
+) -> DataFrame:
+    """Aggregates per (window, key): one column per output name, plus WINDOW and KEY, TRACE (and ROWS,
+    the rows the window holds so far, unless ``row_count`` is false: checkpoints of before).
+    ``trace`` is how the state keeps the sampled trace context (tracing.TRACE_NUMBERS or TRACE_TEXT)."""
     group_cols, key = _group_columns(spec)
+    trace_aggregates, traceparent = sampled_trace(trace)
     aggregated = rows.groupBy(_window_column(spec).alias(WINDOW), *group_cols).agg(
         *[_aggregate(a).alias(f"__agg_{i}") for i, a in enumerate(spec.aggregations)],
-        # One sampled event's trace context per window, carried to the sink as a header.
-        F.max(TRACE).alias(TRACE),
+        *trace_aggregates,
         # The rows in the window so far make its versions (versions.version_column).
         *([F.count(F.lit(1)).alias(ROWS)] if row_count else []),
     )
@@ -262,8 +281,8 @@ def windowed(spec: JobSpec, rows: DataFrame, *, row_count: bool = True) -> DataF
     keep = list(spec.group_by or spec.source.key)
     rows_column = [ROWS] if row_count else []
     if spec.group_by is None:
-        return aggregated.select(WINDOW, KEY, *keep, *outputs, TRACE, *rows_column)
-    return aggregated.select(WINDOW, key.alias(KEY), *keep, *outputs, TRACE, *rows_column)
+        return aggregated.select(WINDOW, KEY, *keep, *outputs, traceparent.alias(TRACE), *rows_column)
+    return aggregated.select(WINDOW, key.alias(KEY), *keep, *outputs, traceparent.alias(TRACE), *rows_column)
 
 
 def _trace_header() -> Column:
@@ -338,6 +357,7 @@ class Plan:
     having: Column | None
     output_mode: str
     versions: str  # how window results are versioned: BATCH_VERSIONS only where build_plan needs it
+    trace: str  # how a window's state keeps its sampled trace context (tracing.TRACE_NUMBERS or _TEXT)
 
 
 def build_plan(
@@ -348,12 +368,15 @@ def build_plan(
     versions: str = ROW_VERSIONS,
     *,
     task_records: int = 0,
+    trace: str = TRACE_NUMBERS,
 ) -> Plan:
+    """``versions`` and ``trace``: the checkpoint's (savepoints.versions_of, trace_state_of)."""
     # The scheme the query runs with: batch ids only where a checkpoint of before needs them.
     versions = BATCH_VERSIONS if batch_versions(spec, versions) else ROW_VERSIONS
+    trace = TRACE_TEXT if trace == TRACE_TEXT else TRACE_NUMBERS
     rows = events(spark, spec, bootstrap, max_offsets, task_records)
     if spec.kind == "windowed":
-        results = windowed(spec, rows, row_count=versions == ROW_VERSIONS)
+        results = windowed(spec, rows, row_count=versions == ROW_VERSIONS, trace=trace)
         for name in spec.aggregate_names:
             dtype = results.schema[name].dataType
             if not isinstance(dtype, T.NumericType):
@@ -362,10 +385,10 @@ def build_plan(
                     "(min/max need a long, double or timestamp field)"
                 )
         mode = "update" if spec.emit == "on_update" else "append"
-        return Plan(spec, results, having(spark, spec, results), mode, versions)
+        return Plan(spec, results, having(spark, spec, results), mode, versions, trace)
     # Dedup and joins emit each row once (append); stateless jobs have no state to finalise.
     mode = "update" if spec.kind == "stateless" else "append"
-    return Plan(spec, to_event_records(spec, rows), None, mode, versions)
+    return Plan(spec, to_event_records(spec, rows), None, mode, versions, trace)
 
 
 def _records(spec: JobSpec, plan: Plan, epoch: int) -> DataFrame:
@@ -387,11 +410,14 @@ def start_query(
     plan: Plan | None = None,
     versions: str = ROW_VERSIONS,
     task_records: int = 0,
+    trace: str = TRACE_NUMBERS,
 ) -> StreamingQuery:
-    """Start the job's query; ``versions`` is its checkpoint's (``versions.ROW_VERSIONS`` when new),
-    and ``task_records`` its read tasks' size (see events), for the plan built here (a plan given was
-    built with its own)."""
-    plan = plan or build_plan(spark, spec, bootstrap, max_offsets, versions, task_records=task_records)
+    """Start the job's query; ``versions`` and ``trace`` are its checkpoint's (``versions.ROW_VERSIONS``
+    and ``tracing.TRACE_NUMBERS`` when new), and ``task_records`` its read tasks' size (see events),
+    for the plan built here (a plan given was built with its own)."""
+    plan = plan or build_plan(
+        spark, spec, bootstrap, max_offsets, versions, task_records=task_records, trace=trace
+    )
     interval = f"{spec.trigger_interval} milliseconds"
     if plan.versions == BATCH_VERSIONS:
         writer = _batch_versioned_writer(spec, plan, bootstrap, epoch)

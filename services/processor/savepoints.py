@@ -25,6 +25,7 @@ import orjson
 import pyspark
 
 from services.processor.errors import SavepointError
+from services.processor.tracing import TRACE_NUMBERS, TRACE_TEXT
 from services.processor.versions import BATCH_VERSIONS, ROW_VERSIONS
 from shared.clock import wall_clock_ms
 from shared.jobspec import JobSpec, parse_job_spec, spec_to_json
@@ -81,9 +82,9 @@ def read_note(checkpoint: Path) -> dict[str, Any]:
     return note if isinstance(note, dict) else {}
 
 
-def write_note(checkpoint: Path, job_id: str, epoch: int, versions: str) -> None:
+def write_note(checkpoint: Path, job_id: str, epoch: int, versions: str, *, trace: str) -> None:
     checkpoint.mkdir(parents=True, exist_ok=True)
-    note = {"job_id": job_id, "epoch": epoch, "versions": versions}
+    note = {"job_id": job_id, "epoch": epoch, "versions": versions, "trace": trace}
     _write_atomic(checkpoint / CHECKPOINT_NOTE, orjson.dumps(note))
 
 
@@ -119,6 +120,17 @@ def versions_of(checkpoint: Path) -> str:
         return ROW_VERSIONS
     versions = read_note(checkpoint).get("versions", BATCH_VERSIONS)
     return versions if versions in (ROW_VERSIONS, BATCH_VERSIONS) else BATCH_VERSIONS
+
+
+def trace_state_of(checkpoint: Path) -> str:
+    """How a windowed query started on ``checkpoint`` keeps a window's sampled trace context in its
+    state (services.processor.tracing.TRACE_NUMBERS or TRACE_TEXT): Spark refuses a state whose
+    schema changed. A checkpoint Spark has not written yet takes numbers; one it has written keeps
+    what its note names, and a note without it is older than numbers: text.
+    """
+    if not (checkpoint / "metadata").exists():
+        return TRACE_NUMBERS
+    return TRACE_NUMBERS if read_note(checkpoint).get("trace") == TRACE_NUMBERS else TRACE_TEXT
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -194,13 +206,18 @@ def check_compatible(savepoint: Savepoint, spec: JobSpec) -> None:
 
 
 def restore(
-    savepoint: Savepoint, checkpoint: Path, job_id: str, epoch: int, versions: str | None = None
+    savepoint: Savepoint,
+    checkpoint: Path,
+    job_id: str,
+    epoch: int,
+    versions: str | None = None,
+    trace: str | None = None,
 ) -> Path | None:
     """Make ``checkpoint`` a copy of the savepoint's, under a new query id.
 
-    Its note names ``versions``, the scheme the job's plan runs with on it (the processor passes
-    its plan's); None keeps the savepoint's. An existing checkpoint is moved aside (returned), never
-    deleted: it may be all that is left of the job's previous run.
+    Its note names ``versions`` and ``trace``, what the job's plan runs with on it (the processor
+    passes its plan's); None keeps the savepoint's. An existing checkpoint is moved aside (returned),
+    never deleted: it may be all that is left of the job's previous run.
     """
     moved: Path | None = None
     if checkpoint.exists():
@@ -217,9 +234,11 @@ def restore(
             (tmp / ".metadata.crc").unlink()
         if versions is None:
             versions = versions_of(tmp)  # the saved state's: it has a row count or it has not
+        if trace is None:
+            trace = trace_state_of(tmp)
         with contextlib.suppress(FileNotFoundError):
             (tmp / CHECKPOINT_NOTE).unlink()
-        write_note(tmp, job_id, epoch, versions)
+        write_note(tmp, job_id, epoch, versions, trace=trace)
         os.replace(tmp, checkpoint)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -13,8 +13,9 @@ from shared.tracing import MAX_BATCH_LINKS, TRACEPARENT
 # With includeHeaders=true, Spark's Kafka source has a `headers` column: array<struct<key, value>>.
 # spark_sampled_traceparent_sql() is the record's traceparent when it says "sampled", else NULL. It is
 # plain SQL over arrays (no Python UDF, ANSI-safe), so it costs the JVM a header scan per record.
+# W3C: lowercase hex throughout (spark_trace_numbers reads the parts as hex numbers).
 _SPARK_IS_SAMPLED = (
-    "length(tp) = 55 AND substr(tp, 1, 3) = '00-' "
+    "length(tp) = 55 AND tp RLIKE '^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$' "
     "AND try_cast(conv(substr(tp, 54, 2), 16, 10) AS INT) % 2 = 1"
 )
 # Name of the observed metric (Dataset.observe) carrying a micro-batch's sampled traceparents.
@@ -29,6 +30,39 @@ def spark_sampled_traceparent_sql(headers_column: str = "headers") -> str:
     # The last traceparent header counts (as in header_value); it is kept only if it says "sampled".
     last = f"try_element_at({values}, -1)"
     return f"try_element_at(filter(array({last}), tp -> {_SPARK_IS_SAMPLED}), 1)"
+
+
+# How a windowed query keeps a window's sampled trace context in its state (the checkpoint's note says
+# which: services.processor.savepoints.trace_state_of):
+# - TRACE_NUMBERS: the traceparent's parts as four longs (spark_trace_numbers), each the max_by of the
+#   span id. Every aggregation buffer then has fixed-width fields only, so Spark aggregates by hash;
+# - TRACE_TEXT: the max of the traceparent string, as checkpoints of before keep it. A string in the
+#   buffer makes Spark sort every batch's rows by window and key instead (SortAggregate), and gives a
+#   real-time job's state a dirty-row cache of 100 groups instead of 1,000 (tests/bench/README.md,
+#   A string in the window's state).
+TRACE_NUMBERS = "numbers"
+TRACE_TEXT = "text"
+# (name suffix, first character, length) of a traceparent's parts: 00-<trace id>-<span id>-<flags>.
+_TRACEPARENT_PARTS = (("trace_hi", 4, 16), ("trace_lo", 20, 16), ("span", 37, 16), ("flags", 54, 2))
+
+
+def spark_trace_numbers(column: str, prefix: str) -> list[tuple[str, str]]:
+    """(name, SQL) of the four longs of a sampled traceparent column (NULL stays NULL): hex read as
+    signed 64-bit (conv to base -10), so the ids' high bit round-trips through hex()."""
+    return [
+        (f"{prefix}{name}", f"CAST(conv(substr({column}, {start}, {length}), 16, -10) AS BIGINT)")
+        for name, start, length in _TRACEPARENT_PARTS
+    ]
+
+
+def spark_traceparent_of_numbers(prefix: str) -> str:
+    """SQL: the traceparent the four columns of spark_trace_numbers(_, prefix) hold (NULL if none)."""
+
+    def hex_of(name: str, length: int) -> str:
+        return f"lower(lpad(hex({prefix}{name}), {length}, '0'))"
+
+    (hi, _, n), (lo, _, _), (span, _, m), (flags, _, f) = _TRACEPARENT_PARTS
+    return f"concat('00-', {hex_of(hi, n)}, {hex_of(lo, n)}, '-', {hex_of(span, m)}, '-', {hex_of(flags, f)})"
 
 
 def spark_observed_traceparents_sql(column: str = "traceparent", limit: int = MAX_BATCH_LINKS) -> str:

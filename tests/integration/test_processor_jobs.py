@@ -29,6 +29,7 @@ from services.processor.metrics import JobMetricsListener
 from services.processor.query import start_query
 from services.processor.settings import ProcessorSettings
 from services.processor.store import StoredJob
+from services.processor.tracing import TRACE_NUMBERS, TRACE_TEXT
 from services.processor.versions import BATCH_VERSIONS, ROW_VERSIONS, split_version
 from services.processor.warmup import warm_up, warmup_spec
 from shared.grpc_server import HealthServedGrpcServer
@@ -239,10 +240,17 @@ def test_a_micro_batch_checkpoint_of_before_resumes_with_batch_versions(
     spec_text = spec_json(unique, topic)
     checkpoint = manager.checkpoint_dir(unique)
     part1, part2 = events("/a", BASE, 50), events("/a", BASE + 5_000, 30, step=101)
-    # What the processor of before left: its query's checkpoint and a note naming no versions.
+    # What the processor of before left: its query's checkpoint (the trace context kept as text) and a
+    # note naming no versions.
     send(kafka_bootstrap, topic, part1)
     before = start_query(
-        spark, parse_job_spec(spec_text), kafka_bootstrap, str(checkpoint), 100_000, versions=BATCH_VERSIONS
+        spark,
+        parse_job_spec(spec_text),
+        kafka_bootstrap,
+        str(checkpoint),
+        100_000,
+        versions=BATCH_VERSIONS,
+        trace=TRACE_TEXT,
     )
     try:
         before.processAllAvailable()
@@ -261,6 +269,7 @@ def test_a_micro_batch_checkpoint_of_before_resumes_with_batch_versions(
     epoch, low = split_version(results[("/a", BASE)].version)
     assert last_batch is not None and epoch == 0 and 1 <= low <= last_batch < 80
     assert savepoints.read_note(checkpoint)["versions"] == BATCH_VERSIONS
+    assert savepoints.read_note(checkpoint)["trace"] == TRACE_TEXT  # Spark refuses a changed state
     stub.StopJob(pb.StopJobRequest(job_id=unique), timeout=60)
 
     # The same spec from scratch under another id: row versions (the count below the epoch).
@@ -270,6 +279,7 @@ def test_a_micro_batch_checkpoint_of_before_resumes_with_batch_versions(
     catch_up(manager, fresh)
     assert split_version(newest(kafka_bootstrap, out, fresh)[("/a", BASE)].version) == (0, 80)
     assert savepoints.read_note(manager.checkpoint_dir(fresh))["versions"] == ROW_VERSIONS
+    assert savepoints.read_note(manager.checkpoint_dir(fresh))["trace"] == TRACE_NUMBERS
     stub.StopJob(pb.StopJobRequest(job_id=fresh), timeout=60)
 
 

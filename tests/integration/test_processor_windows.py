@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 import statistics
 import uuid
 from dataclasses import dataclass
@@ -25,7 +26,8 @@ from pyspark.sql.streaming import StreamingQuery
 
 from infra.datagen import WindowOracle, oracle_windows, rank_error
 from services.processor.metrics import metrics_from_progress
-from services.processor.query import SHUFFLE_PARTITIONS, start_query, state_partitions
+from services.processor.query import SHUFFLE_PARTITIONS, build_plan, start_query, state_partitions
+from services.processor.tracing import TRACE_NUMBERS, TRACE_TEXT
 from services.processor.versions import split_version
 from shared.jobspec import JobSpec
 from shared.kafka import ensure_topics
@@ -286,6 +288,46 @@ def test_a_micro_batch_job_compiles_its_plan_once_not_every_batch(
     (first_batch, first_count), (last_batch, last_count) = compiled_at[1], compiled_at[-1]
     assert last_batch - first_batch >= 4
     assert last_count - first_count <= last_batch - first_batch, compiled_at
+
+
+@pytest.mark.parametrize(
+    ("aggregations", "trace", "aggregate"),
+    [
+        ([{"fn": "count", "as": "n"}], TRACE_NUMBERS, "HashAggregate"),
+        ([{"fn": "count", "as": "n"}], TRACE_TEXT, "SortAggregate"),  # a checkpoint of before's
+        (AGGREGATIONS, TRACE_NUMBERS, "ObjectHashAggregate"),  # percentile_approx keeps an object
+    ],
+)
+def test_a_windowed_batch_aggregates_by_hash_with_the_trace_context_in_its_state(
+    spark: SparkSession,  # noqa: F811
+    kafka_bootstrap: str,
+    tmp_path: Path,
+    aggregations: list[dict[str, Any]],
+    trace: str,
+    aggregate: str,
+) -> None:
+    """Spark aggregates by hash only when every field of the aggregation buffer has a fixed width.
+    The window's sampled trace context kept as a string (the max of the traceparent, as checkpoints
+    of before have it) made Spark sort each batch's rows by window and key instead; kept as numbers
+    it leaves the hash aggregation, and the results exact."""
+    base = spec_for(f"ha{uuid.uuid4().hex[:8]}", {"type": "tumbling", "size": "5s"}, "on_update")
+    spec = JobSpec.model_validate({**base.model_dump(by_alias=True), "aggregations": aggregations})
+    ensure_topics(kafka_bootstrap, [spec.source.valid_topic, spec.output_topic], partitions=1)
+    plan = build_plan(spark, spec, kafka_bootstrap, max_offsets=100_000, trace=trace)
+    assert plan.trace == trace
+    query = start_query(spark, spec, kafka_bootstrap, str(tmp_path / "ckpt"), max_offsets=100_000, plan=plan)
+    rounds = make_rounds(spec, seed=5, n_rounds=2)
+    try:
+        for events in rounds:
+            run_batch(query, kafka_bootstrap, spec, events)
+        executed = query._jsq.explainInternal(False)  # what query.explain() prints
+    finally:
+        query.stop()
+    assert set(re.findall(r"\b(HashAggregate|ObjectHashAggregate|SortAggregate)\(", executed)) == {aggregate}
+    oracle = oracle_for(spec, rounds)
+    latest = {(r.key, r.window_start): r for r in read_results(kafka_bootstrap, spec.output_topic)}
+    assert set(latest) == set(oracle.windows)
+    assert all(r.aggregates["n"] == len(oracle.windows[w].events) for w, r in latest.items())
 
 
 def test_a_micro_batch_job_has_as_many_state_partitions_as_its_topic_at_most_the_setting(

@@ -3,7 +3,9 @@
 Records reach Spark with W3C traceparent headers (some sampled, some not, one malformed). The SQL from
 shared.tracing must pick exactly the sampled ones: as the micro-batch's observed metric (for the
 batch span, read in the query listener) and, per window, as the header of the output row (so the sink
-continues the trace). A plain-Python oracle over the same records says what to expect.
+continues the trace), kept in the window's state the way the processor keeps it (query.sampled_trace:
+as numbers, or as text in checkpoints of before). A plain-Python oracle over the same records says
+what to expect.
 """
 
 from __future__ import annotations
@@ -21,8 +23,11 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQueryListener
 
 from infra.fetch import spark_kafka_jars
+from services.processor.query import TRACE, sampled_trace
 from services.processor.tracing import (
     SPARK_OBSERVATION,
+    TRACE_NUMBERS,
+    TRACE_TEXT,
     spark_observed_traceparents_sql,
     spark_progress_times,
     spark_sampled_traceparent_sql,
@@ -75,12 +80,16 @@ def _records(base_ms: int) -> list[tuple[bytes, bytes, list[tuple[str, bytes]]]]
     for i in range(120):
         page = "/a" if i % 3 else "/b"
         headers: list[tuple[str, bytes]] = []
-        if i in (5, 47, 48, 95):
+        if i in (5, 48, 95):
             headers = [("other", b"x"), (TRACEPARENT, _traceparent(i + 1, "01").encode())]
+        elif i == 47:  # ids with the high bit set: the span id is the least as a signed 64-bit number
+            headers = [(TRACEPARENT, f"00-{'f' * 16}{i + 1:016x}-8{i + 1:015x}-03".encode())]
         elif i in (6, 60):
             headers = [(TRACEPARENT, _traceparent(i + 1, "00").encode())]  # not sampled
         elif i == 7:
             headers = [(TRACEPARENT, b"00-not-a-traceparent")]
+        elif i == 10:  # the right length and a sampled flag, but not lowercase hex
+            headers = [(TRACEPARENT, f"00-{'X' * 32}-{i + 1:016x}-01".encode())]
         elif i == 8:  # repeated header: the last one counts, and it says "not sampled"
             headers = [
                 (TRACEPARENT, _traceparent(90, "01").encode()),
@@ -133,8 +142,15 @@ class _Observed(StreamingQueryListener):
         pass
 
 
+def _span_id(traceparent: str) -> int:
+    """The span id as Spark compares it in the window's state: a signed 64-bit number."""
+    n = int(traceparent[36:52], 16)
+    return n - 2**64 if n >= 2**63 else n
+
+
+@pytest.mark.parametrize("trace", [TRACE_NUMBERS, TRACE_TEXT])
 def test_sampled_traceparents_reach_the_batch_span_and_the_window_headers(
-    spark: SparkSession, kafka_bootstrap: str, unique: str, tmp_path: Path
+    spark: SparkSession, kafka_bootstrap: str, unique: str, tmp_path: Path, trace: str
 ) -> None:
     from confluent_kafka import Producer
 
@@ -147,16 +163,19 @@ def test_sampled_traceparents_reach_the_batch_span_and_the_window_headers(
         producer.produce(source, key=key, value=value, headers=headers or None)
     assert producer.flush(30) == 0
 
-    # Oracle: the sampled traceparents, and per window the greatest one (what max() picks in Spark).
-    sampled = [tp for _, _, h in records if (tp := sampled_traceparent(h)) is not None]
+    # Oracle: the sampled traceparents (lowercase hex only), and per window the one the state keeps:
+    # the highest span id (numbers) or the greatest string (text).
+    sampled = [tp for _, _, h in records if (tp := sampled_traceparent(h)) is not None and tp == tp.lower()]
     assert len(sampled) == 5
+    pick = _span_id if trace == TRACE_NUMBERS else str
     expected_headers: dict[tuple[str, int], str | None] = {}
     for _key, value, headers in records:
         e = orjson.loads(value)
         win = (e["page"], e["ts"] - e["ts"] % WINDOW_MS)
         tp = sampled_traceparent(headers)
-        old = expected_headers.get(win)
-        expected_headers[win] = max(t for t in (old, tp) if t is not None) if (old or tp) else None
+        tp = tp if tp in sampled else None
+        candidates = [t for t in (expected_headers.get(win), tp) if t is not None]
+        expected_headers[win] = max(candidates, key=pick) if candidates else None
 
     exporter = InMemorySpanExporter()
     settings = type(
@@ -174,15 +193,17 @@ def test_sampled_traceparents_reach_the_batch_span_and_the_window_headers(
     )
     events = raw.select(
         F.from_json(F.col("value").cast("string"), "page STRING, ts LONG").alias("e"),
-        F.expr(spark_sampled_traceparent_sql()).alias("traceparent"),
-    ).select(F.col("e.page").alias("page"), F.timestamp_millis("e.ts").alias("ts"), "traceparent")
+        F.expr(spark_sampled_traceparent_sql()).alias(TRACE),
+    ).select(F.col("e.page").alias("page"), F.timestamp_millis("e.ts").alias("ts"), TRACE)
     observed = events.observe(
-        SPARK_OBSERVATION, F.expr(spark_observed_traceparents_sql()).alias("traceparents")
+        SPARK_OBSERVATION, F.expr(spark_observed_traceparents_sql(TRACE)).alias("traceparents")
     )
+    kept, traceparent = sampled_trace(trace)
     windows = (
         observed.withWatermark("ts", "5 seconds")
         .groupBy(F.window("ts", "10 seconds"), "page")
-        .agg(F.count("*").alias("views"), F.max("traceparent").alias("traceparent"))
+        .agg(F.count("*").alias("views"), *kept)
+        .select("window", "page", "views", traceparent.alias("traceparent"))
     )
     trace_header = F.array(
         F.struct(F.lit(TRACEPARENT).alias("key"), F.col("traceparent").cast("binary").alias("value"))

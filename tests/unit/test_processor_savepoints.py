@@ -10,6 +10,7 @@ import pytest
 from services.processor import savepoints
 from services.processor.errors import SavepointError
 from services.processor.store import JobStore, StoredJob
+from services.processor.tracing import TRACE_NUMBERS, TRACE_TEXT
 from services.processor.versions import BATCH_VERSIONS, ROW_VERSIONS
 from shared.jobspec import parse_job_spec
 
@@ -48,7 +49,7 @@ def spark_like_checkpoint(root: Path, committed: int, pending: bool = True) -> P
 
 def test_take_load_and_restore(tmp_path: Path) -> None:
     checkpoint = spark_like_checkpoint(tmp_path / "ckpt", committed=2)
-    savepoints.write_note(checkpoint, "clicks", 4, ROW_VERSIONS)
+    savepoints.write_note(checkpoint, "clicks", 4, ROW_VERSIONS, trace=TRACE_NUMBERS)
     sp = savepoints.take(checkpoint, SPEC, 4, tmp_path / "savepoints")
     assert sp.path.parent == tmp_path / "savepoints" and sp.path.name.startswith("clicks-")
     assert (sp.job_id, sp.epoch, sp.last_committed_batch) == ("clicks", 4, 2)
@@ -64,7 +65,12 @@ def test_take_load_and_restore(tmp_path: Path) -> None:
     moved = savepoints.restore(sp, target, "clicks-2", epoch=5)
     assert moved is not None and (moved / "old-file").exists()
     assert orjson.loads((target / "metadata").read_bytes())["id"] != "1c039874-17b6-43fa-8706-814fbbda4f50"
-    assert savepoints.read_note(target) == {"job_id": "clicks-2", "epoch": 5, "versions": ROW_VERSIONS}
+    assert savepoints.read_note(target) == {
+        "job_id": "clicks-2",
+        "epoch": 5,
+        "versions": ROW_VERSIONS,
+        "trace": TRACE_NUMBERS,
+    }
     assert (target / "state/0/0/3.changelog").read_bytes() == b"\x00\x00"
     assert savepoints.last_committed_batch(target) == 2
 
@@ -74,32 +80,64 @@ def test_a_checkpoint_keeps_the_versions_it_was_started_with(tmp_path: Path) -> 
     one whose note says so, gets them; a note of before (no "versions") means micro-batch ids."""
     fresh = tmp_path / "fresh"
     assert savepoints.versions_of(fresh) == ROW_VERSIONS  # nothing there yet
-    savepoints.write_note(fresh, "clicks", 0, ROW_VERSIONS)
+    savepoints.write_note(fresh, "clicks", 0, ROW_VERSIONS, trace=TRACE_NUMBERS)
     assert savepoints.versions_of(fresh) == ROW_VERSIONS  # a note, still no Spark metadata
 
     written = spark_like_checkpoint(tmp_path / "written", committed=1)
     assert savepoints.versions_of(written) == BATCH_VERSIONS  # Spark's files and no note at all
     (written / savepoints.CHECKPOINT_NOTE).write_bytes(orjson.dumps({"job_id": "clicks", "epoch": 2}))
     assert savepoints.versions_of(written) == BATCH_VERSIONS  # a note of before
-    savepoints.write_note(written, "clicks", 2, ROW_VERSIONS)
+    savepoints.write_note(written, "clicks", 2, ROW_VERSIONS, trace=TRACE_NUMBERS)
     assert savepoints.versions_of(written) == ROW_VERSIONS
-    savepoints.write_note(written, "clicks", 2, "something else")
+    savepoints.write_note(written, "clicks", 2, "something else", trace=TRACE_NUMBERS)
     assert savepoints.versions_of(written) == BATCH_VERSIONS  # never trusted into a plan it cannot run
 
     # A savepoint carries its checkpoint's scheme into the job it is restored to, under a new note.
     for versions in (ROW_VERSIONS, BATCH_VERSIONS):
         checkpoint = spark_like_checkpoint(tmp_path / f"ckpt-{versions}", committed=1)
-        savepoints.write_note(checkpoint, "clicks", 1, versions)
+        savepoints.write_note(checkpoint, "clicks", 1, versions, trace=TRACE_TEXT)
         sp = savepoints.take(checkpoint, SPEC, 1, tmp_path / f"sp-{versions}")
         target = tmp_path / f"restored-{versions}"
         savepoints.restore(sp, target, "clicks-2", epoch=2)
-        assert savepoints.read_note(target) == {"job_id": "clicks-2", "epoch": 2, "versions": versions}
+        assert savepoints.read_note(target) == {
+            "job_id": "clicks-2",
+            "epoch": 2,
+            "versions": versions,
+            "trace": TRACE_TEXT,
+        }
     # The processor passes the scheme its plan runs with (a real-time job on a note of before runs
     # with rows): the restored note names that one, not the raw savepoint's.
     sp = savepoints.take(tmp_path / f"ckpt-{BATCH_VERSIONS}", SPEC, 1, tmp_path / "sp-planned")
     target = tmp_path / "restored-planned"
     savepoints.restore(sp, target, "clicks-3", epoch=3, versions=ROW_VERSIONS)
-    assert savepoints.read_note(target) == {"job_id": "clicks-3", "epoch": 3, "versions": ROW_VERSIONS}
+    assert savepoints.read_note(target)["versions"] == ROW_VERSIONS
+
+
+def test_a_checkpoint_keeps_how_its_state_holds_the_trace_context(tmp_path: Path) -> None:
+    """Spark refuses a state whose schema changed: a window's trace context stays text in a checkpoint
+    of before (its note says nothing of it), numbers in any checkpoint started now."""
+    fresh = tmp_path / "fresh"
+    assert savepoints.trace_state_of(fresh) == TRACE_NUMBERS  # nothing there yet
+    written = spark_like_checkpoint(tmp_path / "written", committed=1)
+    assert savepoints.trace_state_of(written) == TRACE_TEXT  # Spark's files and no note at all
+    (written / savepoints.CHECKPOINT_NOTE).write_bytes(
+        orjson.dumps({"job_id": "clicks", "epoch": 2, "versions": ROW_VERSIONS})
+    )
+    assert savepoints.trace_state_of(written) == TRACE_TEXT  # a note of before
+    savepoints.write_note(written, "clicks", 2, ROW_VERSIONS, trace=TRACE_NUMBERS)
+    assert savepoints.trace_state_of(written) == TRACE_NUMBERS
+    savepoints.write_note(written, "clicks", 2, ROW_VERSIONS, trace="something else")
+    assert savepoints.trace_state_of(written) == TRACE_TEXT  # only what Spark ran before is trusted
+
+    # A savepoint carries it into the job it is restored to, unless the processor passes its plan's.
+    for trace in (TRACE_NUMBERS, TRACE_TEXT):
+        checkpoint = spark_like_checkpoint(tmp_path / f"ckpt-{trace}", committed=1)
+        savepoints.write_note(checkpoint, "clicks", 1, ROW_VERSIONS, trace=trace)
+        sp = savepoints.take(checkpoint, SPEC, 1, tmp_path / f"sp-{trace}")
+        savepoints.restore(sp, tmp_path / f"restored-{trace}", "clicks-2", epoch=2)
+        assert savepoints.trace_state_of(tmp_path / f"restored-{trace}") == trace
+        savepoints.restore(sp, tmp_path / f"planned-{trace}", "clicks-3", epoch=3, trace=TRACE_TEXT)
+        assert savepoints.read_note(tmp_path / f"planned-{trace}")["trace"] == TRACE_TEXT
 
 
 def test_refusals(tmp_path: Path) -> None:

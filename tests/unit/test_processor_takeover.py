@@ -52,7 +52,7 @@ def test_a_job_stopped_where_it_ran_is_not_one_a_start_resumes(tmp_path: Path) -
     p = processor_with_jobs(tmp_path, 0.5, a=True, b=True)
     held = hold(p, "a")
     checkpoint = p.settings.checkpoints_path / "b"
-    savepoints.write_note(checkpoint, "b", 0, "rows")
+    savepoints.write_note(checkpoint, "b", 0, "rows", trace="numbers")
     assert not savepoints.was_stopped(checkpoint)
     assert timed(p, yielded=False) < 0.5  # b is free to resume: no wait
     savepoints.mark_stopped(checkpoint)  # then cancelled on the processor it had moved to
