@@ -41,7 +41,6 @@ from services.processor.metrics import JOB_RESTARTS, JobMetricsListener, JobTota
 from services.processor.query import REAL_TIME_SHUFFLE_PARTITIONS, Plan, build_plan, start_query
 from services.processor.settings import ProcessorSettings
 from services.processor.store import JobStore, StoredJob
-from services.processor.tracing import TRACE_NUMBERS
 from services.processor.versions import ROW_VERSIONS
 from shared.errors import SpecError
 from shared.jobspec import JobSpec
@@ -65,7 +64,7 @@ class Job:
     running_since: float = 0.0
     crashes: int = 0  # JVM deaths while it ran, since its last completed micro-batch (stored)
     versions: str = ROW_VERSIONS  # what its query runs with (Plan.versions)
-    trace: str = TRACE_NUMBERS  # likewise (Plan.trace)
+    trace: str | None = None  # likewise (Plan.trace)
 
 
 @dataclass(frozen=True)
@@ -221,7 +220,7 @@ class JobManager:
             raise PathRefusedError(refusal(what, path, roots, "SF_PROCESSOR_SAVEPOINT_ROOTS"))
 
     # --- commands ---------------------------------------------------------------------------------
-    def plan(self, spec: JobSpec, versions: str = ROW_VERSIONS, trace: str = TRACE_NUMBERS) -> Plan:
+    def plan(self, spec: JobSpec, versions: str = ROW_VERSIONS, trace: str | None = None) -> Plan:
         """Check a spec against Spark (expressions, types, real-time limits) and build its query plan."""
         if spec.trigger_mode == "real_time":
             conf = self.spark.conf.get("spark.sql.streaming.realTimeMode.minBatchDuration") or "5000ms"

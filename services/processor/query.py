@@ -246,6 +246,19 @@ def batch_versions(spec: JobSpec, versions: str) -> bool:
     return spec.kind == "windowed" and spec.trigger_mode != "real_time" and versions == BATCH_VERSIONS
 
 
+def trace_state_for(spec: JobSpec) -> str:
+    """How a new checkpoint of ``spec`` keeps a window's sampled trace context (tracing.TRACE_NUMBERS
+    or TRACE_TEXT). Numbers keep every field of the aggregation buffer fixed-width, so Spark
+    aggregates by hash (micro-batch) and a real-time job's state keeps a dirty-row cache of 1,000
+    groups instead of 100. A percentile's buffer is an object anyway (Spark's object hash aggregate
+    either way), and there the four numbers cost more than the one string: the 1M-event drain of all
+    nine aggregations took ~20% longer with them (tests/bench/README.md, A string in the window's
+    state)."""
+    if any(a.fn == "percentiles" for a in spec.aggregations):
+        return TRACE_TEXT
+    return TRACE_NUMBERS
+
+
 def sampled_trace(trace: str) -> tuple[list[Column], Column]:
     """One sampled event's trace context per window, carried to the sink as a header: the aggregates
     that keep it in the window's state, and the traceparent column read back from them."""
@@ -368,12 +381,14 @@ def build_plan(
     versions: str = ROW_VERSIONS,
     *,
     task_records: int = 0,
-    trace: str = TRACE_NUMBERS,
+    trace: str | None = None,
 ) -> Plan:
-    """``versions`` and ``trace``: the checkpoint's (savepoints.versions_of, trace_state_of)."""
+    """``versions`` and ``trace``: the checkpoint's (savepoints.versions_of, trace_state_of; a trace
+    of None: a new checkpoint, trace_state_for chooses)."""
     # The scheme the query runs with: batch ids only where a checkpoint of before needs them.
     versions = BATCH_VERSIONS if batch_versions(spec, versions) else ROW_VERSIONS
-    trace = TRACE_TEXT if trace == TRACE_TEXT else TRACE_NUMBERS
+    if trace not in (TRACE_NUMBERS, TRACE_TEXT):
+        trace = trace_state_for(spec)
     rows = events(spark, spec, bootstrap, max_offsets, task_records)
     if spec.kind == "windowed":
         results = windowed(spec, rows, row_count=versions == ROW_VERSIONS, trace=trace)
@@ -410,11 +425,11 @@ def start_query(
     plan: Plan | None = None,
     versions: str = ROW_VERSIONS,
     task_records: int = 0,
-    trace: str = TRACE_NUMBERS,
+    trace: str | None = None,
 ) -> StreamingQuery:
     """Start the job's query; ``versions`` and ``trace`` are its checkpoint's (``versions.ROW_VERSIONS``
-    and ``tracing.TRACE_NUMBERS`` when new), and ``task_records`` its read tasks' size (see events),
-    for the plan built here (a plan given was built with its own)."""
+    and None when new), and ``task_records`` its read tasks' size (see events), for the plan built
+    here (a plan given was built with its own)."""
     plan = plan or build_plan(
         spark, spec, bootstrap, max_offsets, versions, task_records=task_records, trace=trace
     )

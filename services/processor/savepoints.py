@@ -122,14 +122,15 @@ def versions_of(checkpoint: Path) -> str:
     return versions if versions in (ROW_VERSIONS, BATCH_VERSIONS) else BATCH_VERSIONS
 
 
-def trace_state_of(checkpoint: Path) -> str:
+def trace_state_of(checkpoint: Path) -> str | None:
     """How a windowed query started on ``checkpoint`` keeps a window's sampled trace context in its
     state (services.processor.tracing.TRACE_NUMBERS or TRACE_TEXT): Spark refuses a state whose
-    schema changed. A checkpoint Spark has not written yet takes numbers; one it has written keeps
-    what its note names, and a note without it is older than numbers: text.
+    schema changed. None for a checkpoint Spark has not written yet (the plan chooses:
+    query.trace_state_for); one it has written keeps what its note names, and a note without it is
+    older than numbers: text.
     """
     if not (checkpoint / "metadata").exists():
-        return TRACE_NUMBERS
+        return None
     return TRACE_NUMBERS if read_note(checkpoint).get("trace") == TRACE_NUMBERS else TRACE_TEXT
 
 
@@ -235,7 +236,7 @@ def restore(
         if versions is None:
             versions = versions_of(tmp)  # the saved state's: it has a row count or it has not
         if trace is None:
-            trace = trace_state_of(tmp)
+            trace = trace_state_of(tmp) or TRACE_TEXT  # a savepoint holds Spark's metadata (load)
         with contextlib.suppress(FileNotFoundError):
             (tmp / CHECKPOINT_NOTE).unlink()
         write_note(tmp, job_id, epoch, versions, trace=trace)
