@@ -262,7 +262,7 @@ def trace_state_for(spec: JobSpec) -> str:
 def sampled_trace(trace: str) -> tuple[list[Column], Column]:
     """One sampled event's trace context per window, carried to the sink as a header: the aggregates
     that keep it in the window's state, and the traceparent column read back from them."""
-    if trace == TRACE_TEXT:  # a checkpoint of before
+    if trace == TRACE_TEXT:  # checkpoints of before, and jobs with percentiles (trace_state_for)
         return [F.max(TRACE).alias(TRACE)], F.col(TRACE)
     numbers = spark_trace_numbers(TRACE, TRACE_PART)
     span = F.expr(numbers[2][1])  # the sampled event with the highest span id speaks for the window

@@ -36,10 +36,11 @@ def spark_sampled_traceparent_sql(headers_column: str = "headers") -> str:
 # which: services.processor.savepoints.trace_state_of):
 # - TRACE_NUMBERS: the traceparent's parts as four longs (spark_trace_numbers), each the max_by of the
 #   span id. Every aggregation buffer then has fixed-width fields only, so Spark aggregates by hash;
-# - TRACE_TEXT: the max of the traceparent string, as checkpoints of before keep it. A string in the
-#   buffer makes Spark sort every batch's rows by window and key instead (SortAggregate), and gives a
-#   real-time job's state a dirty-row cache of 100 groups instead of 1,000 (tests/bench/README.md,
-#   A string in the window's state).
+# - TRACE_TEXT: the max of the traceparent string, as checkpoints of before keep it, and new ones of
+#   jobs with percentiles (query.trace_state_for). A string in the buffer makes Spark sort every
+#   batch's rows by window and key instead (SortAggregate) unless a percentile's object buffer has it
+#   use its object hash aggregate anyway, and gives a real-time job's state a dirty-row cache of 100
+#   groups instead of 1,000 (tests/bench/README.md, A string in the window's state).
 TRACE_NUMBERS = "numbers"
 TRACE_TEXT = "text"
 # (name suffix, first character, length) of a traceparent's parts: 00-<trace id>-<span id>-<flags>.
