@@ -265,7 +265,8 @@ def sampled_trace(trace: str) -> tuple[list[Column], Column]:
     if trace == TRACE_TEXT:  # checkpoints of before, and jobs with percentiles (trace_state_for)
         return [F.max(TRACE).alias(TRACE)], F.col(TRACE)
     numbers = spark_trace_numbers(TRACE, TRACE_PART)
-    span = F.expr(numbers[2][1])  # the sampled event with the highest span id speaks for the window
+    # The sampled event with the highest span id speaks for the window.
+    span = F.expr(dict(numbers)[f"{TRACE_PART}span"])
     kept = [F.max_by(F.expr(sql), span).alias(name) for name, sql in numbers]
     return kept, F.expr(spark_traceparent_of_numbers(TRACE_PART))
 

@@ -59,11 +59,8 @@ def spark_trace_numbers(column: str, prefix: str) -> list[tuple[str, str]]:
 def spark_traceparent_of_numbers(prefix: str) -> str:
     """SQL: the traceparent the four columns of spark_trace_numbers(_, prefix) hold (NULL if none)."""
 
-    def hex_of(name: str, length: int) -> str:
-        return f"lower(lpad(hex({prefix}{name}), {length}, '0'))"
-
-    (hi, _, n), (lo, _, _), (span, _, m), (flags, _, f) = _TRACEPARENT_PARTS
-    return f"concat('00-', {hex_of(hi, n)}, {hex_of(lo, n)}, '-', {hex_of(span, m)}, '-', {hex_of(flags, f)})"
+    hi, lo, span, flags = (f"lower(lpad(hex({prefix}{name}), {n}, '0'))" for name, _, n in _TRACEPARENT_PARTS)
+    return f"concat('00-', {hi}, {lo}, '-', {span}, '-', {flags})"
 
 
 def spark_observed_traceparents_sql(column: str = "traceparent", limit: int = MAX_BATCH_LINKS) -> str:
