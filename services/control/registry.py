@@ -203,16 +203,20 @@ class Registry:
                     )
                 continue
             state = JobState.from_proto(status.state)
-            if placed_here:
+            if state == JobState.RUNNING and job.state.is_final and settled:
+                # Ended, yet it runs: a processor that restarted resumed a job control has given up on
+                # since, or one that came back after it was placed elsewhere.
+                self.dispatch.stop_stray(job.id, processor)
+            elif placed_here:
                 self._reconcile_report(job, state, status, now, settled)
             elif state != JobState.RUNNING:
                 continue
             elif job.state in STARTABLE and job.processor not in alive:
                 # A processor that restarted resumes its jobs by itself: adopt the copy it runs.
                 self.transitions.adopt(job.id, processor.instance_id, now, self.ctx.instances.alive_ids)
-            elif settled and (job.state.is_final or job.processor in alive):
-                # Ended, or placed on another live processor since (this one was lost and came back):
-                # a second copy would write the same checkpoint and results.
+            elif settled and job.processor in alive:
+                # Placed on another live processor since (this one was lost and came back): a second
+                # copy would write the same checkpoint and results.
                 self.dispatch.stop_stray(job.id, processor)
 
     def _reconcile_report(

@@ -208,6 +208,14 @@ class JobManager:
                 setattr(job, name, value)
             self._jobs[job.spec.id] = job
 
+    def _give_up(self, job: Job, message: str, **changes: object) -> None:
+        """FAILED here, and not resumed by a restart of this processor: control decides whether the
+        job runs again, and where (its StartJob stores it to run again)."""
+        self._set(job, state=JobState.FAILED, message=message, **changes)
+        stored = self.store.get(job.spec.id)
+        if stored is not None and stored.should_run:
+            self.store.put(stored.with_(should_run=False))
+
     def _forget(self, job: Job) -> None:
         with self._table_lock:
             if self._jobs.get(job.spec.id) is job:
@@ -318,11 +326,11 @@ class JobManager:
             raise CheckpointBusyError(f"job {spec.id} did not start: {e}") from None
         except (SpecError, ProcessorError):
             self._release(spec.id)
-            self._set(job, state=JobState.FAILED, message="the spec no longer starts")
+            self._give_up(job, "the spec no longer starts")
             raise
         except Exception as e:  # Spark or Kafka refused: the job fails, the service does not
             self._release(spec.id)
-            self._set(job, state=JobState.FAILED, message=_first_line(e))
+            self._give_up(job, _first_line(e))
             raise ProcessorError(f"job {spec.id} did not start: {_first_line(e)}") from e
         self._set(job, query=query, state=JobState.RUNNING, message="", running_since=time.monotonic())
         log.info("job %s running (epoch %d, checkpoint %s)", spec.id, job.epoch, self.checkpoint_dir(spec.id))
@@ -481,7 +489,7 @@ class JobManager:
                 message = _first_line(error)
                 log.error("job %s failed (%d): %s", job.spec.id, failures, message)
                 if failures > s.job_restart_attempts:
-                    self._set(job, state=JobState.FAILED, query=None, failures=failures, message=message)
+                    self._give_up(job, message, query=None, failures=failures)
                     self._release(job.spec.id)  # given up here: another processor may take it
                     continue
                 delay = s.job_restart_backoff_ms / 1000 * 2 ** (failures - 1)
@@ -495,7 +503,7 @@ class JobManager:
                     try:
                         self._run(job)
                     except (ProcessorError, SpecError) as e:
-                        self._set(job, state=JobState.FAILED, message=_first_line(e))
+                        self._give_up(job, _first_line(e))
 
     def resume_stored(self, skip: set[str]) -> None:
         """Start again every job that ran when the processor last stopped (or died), but those

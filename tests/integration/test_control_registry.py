@@ -284,6 +284,13 @@ def test_reported_failures_restart_the_job_until_the_limit(
             "gave up on the job: java.lang.OutOfMemoryError; control gave up after 2 restart(s)"
             in job.message
         )
+        # The processor restarts and resumes the job by itself (an older processor did): a job that
+        # has ended runs nowhere, not even where it was placed.
+        p.failed.pop(unique)
+        p.adopt(p.starts[-1])
+        wait_until(lambda: unique not in p.running, what="the copy of a FAILED job to be stopped")
+        assert [s.job_id for s in p.stops] == [unique]
+        assert state(control, unique) == JobState.FAILED
     finally:
         control.stop()
 

@@ -6,13 +6,16 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from services.processor import savepoints
 from services.processor.app import Processor, warmup_seconds
-from services.processor.jobs import stored_leases, stored_verdicts
+from services.processor.jobs import Job, JobManager, stored_leases, stored_verdicts
 from services.processor.leases import CheckpointLease
+from services.processor.metrics import JobMetricsListener
 from services.processor.settings import ProcessorSettings
 from services.processor.store import JobStore, StoredJob
+from shared.jobstate import JobState
 from tests.unit.test_processor_savepoints import SPEC
 
 
@@ -76,6 +79,44 @@ def test_a_quarantined_job_is_not_one_a_start_resumes(tmp_path: Path) -> None:
     held.release()
     verdicts = {v.stored.spec.id: v.verdict for v in stored_verdicts(p.settings)}
     assert verdicts == {"a": "resume", "q": "quarantined"}
+
+
+class _DeadQuery:
+    """A streaming query that stopped with an error (what supervise() reads of it)."""
+
+    isActive = False
+
+    def exception(self) -> Exception:
+        return RuntimeError("org.apache.spark.SparkException: Job aborted\nat ...")
+
+
+def test_a_job_the_processor_gave_up_on_is_not_one_a_start_resumes(tmp_path: Path) -> None:
+    """Control decides whether it runs again, and where; resumed by this processor's next start, it
+    would run beside a job control may have failed for good."""
+    settings = ProcessorSettings(data_dir=str(tmp_path), job_restart_attempts=1, job_restart_backoff_ms=0)
+    manager = JobManager(None, settings, JobMetricsListener(None))  # type: ignore[arg-type]  # no Spark needed
+    dead: Any = _DeadQuery()
+    for job_id in ("a", "b"):
+        spec = SPEC.model_copy(update={"id": job_id})
+        manager.store.put(StoredJob(spec=spec, should_run=True, epoch=0))
+        manager._set(
+            Job(spec=spec, epoch=0, state=JobState.RUNNING, query=dead, running_since=time.monotonic())
+        )
+    manager._set(manager._jobs["b"], query=None)  # b runs on
+
+    manager.supervise()  # the first failure: a's restart is due at once
+    assert manager.get("a").state == JobState.FAILING
+    assert {v.stored.spec.id for v in stored_verdicts(settings)} == {"a", "b"}  # it restarts the job itself
+    manager._set(manager._jobs["a"], state=JobState.RUNNING, query=dead)  # restarted, died again
+    manager.supervise()
+
+    failed = manager.get("a")
+    assert (
+        failed.state == JobState.FAILED and failed.message == "org.apache.spark.SparkException: Job aborted"
+    )
+    stored = manager.store.get("a")
+    assert stored is not None and not stored.should_run
+    assert {v.stored.spec.id for v in stored_verdicts(settings)} == {"b"}
 
 
 def test_it_waits_while_every_job_it_ran_is_held_elsewhere(tmp_path: Path) -> None:
