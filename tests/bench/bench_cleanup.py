@@ -16,7 +16,6 @@ The processor is restarted with its defaults at the end.
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from typing import Any
@@ -45,7 +44,7 @@ def run_one(cfg: StackConfig, control: Control, factor: int) -> dict[str, Any]:
         cfg,
         {
             "SF_PROCESSOR_STATE_CLEANUP_PER_ROW": str(factor),
-            "SF_PROCESSOR_SPARK_CONF": json.dumps(boundaries.event_log_conf(events)),
+            "SF_PROCESSOR_SPARK_CONF": boundaries.spark_conf_with_event_log(events),
         },
     )
     job_id = f"cleanup{factor}-{uuid.uuid4().hex[:6]}"

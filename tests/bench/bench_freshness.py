@@ -27,7 +27,6 @@ and records each real-time mode's batch boundaries from it (tests/bench/boundari
 
 from __future__ import annotations
 
-import json
 import os
 import time
 import uuid
@@ -155,8 +154,7 @@ def _event_log() -> Path | str:
         return "not written: the processor was already running (run this part alone)"
     directory = RUN / "spark-events"
     directory.mkdir(parents=True, exist_ok=True)
-    conf = json.loads(os.environ.get("SF_PROCESSOR_SPARK_CONF") or "{}")
-    os.environ["SF_PROCESSOR_SPARK_CONF"] = json.dumps({**conf, **boundaries.event_log_conf(directory)})
+    os.environ["SF_PROCESSOR_SPARK_CONF"] = boundaries.spark_conf_with_event_log(directory)
     return directory
 
 

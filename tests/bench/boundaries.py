@@ -16,6 +16,7 @@ records them per mode when run with ``SF_BENCH_SPARK_EVENT_LOG=1`` (bench_freshn
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Iterable
 from datetime import datetime
@@ -38,6 +39,12 @@ def event_log_conf(directory: Path) -> dict[str, str]:
         "spark.eventLog.dir": directory.resolve().as_uri(),
         "spark.eventLog.compress": "false",
     }
+
+
+def spark_conf_with_event_log(directory: Path) -> str:
+    """SF_PROCESSOR_SPARK_CONF as this process's environment sets it, plus ``event_log_conf``."""
+    conf = json.loads(os.environ.get("SF_PROCESSOR_SPARK_CONF") or "{}")
+    return json.dumps({**conf, **event_log_conf(directory)})
 
 
 def read_events(directory: Path) -> list[dict[str, Any]]:

@@ -124,3 +124,15 @@ def test_the_settings_write_an_uncompressed_log_into_the_directory(tmp_path: Pat
     assert conf["spark.eventLog.enabled"] == "true"
     assert conf["spark.eventLog.compress"] == "false"
     assert conf["spark.eventLog.dir"] == tmp_path.resolve().as_uri()
+
+
+def test_the_event_log_is_added_to_the_spark_settings_the_environment_gives(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bench that restarts the processor with the event log keeps what SF_PROCESSOR_SPARK_CONF set
+    (a cluster's master and credentials, say)."""
+    monkeypatch.setenv("SF_PROCESSOR_SPARK_CONF", '{"spark.master": "spark://127.0.0.1:7077"}')
+    conf = json.loads(boundaries.spark_conf_with_event_log(tmp_path))
+    assert conf == {"spark.master": "spark://127.0.0.1:7077", **boundaries.event_log_conf(tmp_path)}
+    monkeypatch.delenv("SF_PROCESSOR_SPARK_CONF")
+    assert json.loads(boundaries.spark_conf_with_event_log(tmp_path)) == boundaries.event_log_conf(tmp_path)
