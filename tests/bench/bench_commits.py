@@ -20,14 +20,13 @@ from typing import Any
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from infra import procs
-from infra.stack import StackConfig, start_service, wait_service_ready
+from infra.stack import StackConfig
 from shared.kafka import ensure_topics
 from tests.bench import workload
 from tests.bench.bench_freshness import MARKERS_PER_S, RATES, warm_up
 from tests.bench.markers import Load, MarkerWatch, percentiles_ms
 from tests.bench.probe import StageProbe
-from tests.bench.stack import Control, services_up
+from tests.bench.stack import Control, restart_service, services_up
 
 # (batch linger, transaction interval) in ms: the default (5, 20); commits as fast as they go (5, 0), as
 # before the interval; longer lingers.
@@ -47,9 +46,7 @@ def commits(cfg: StackConfig) -> float:
 
 
 def restart_ingest(cfg: StackConfig, env: dict[str, str]) -> None:
-    procs.stop_process("ingest", cfg.run_dir)
-    start_service(cfg, "ingest", env)
-    wait_service_ready(cfg, "ingest", timeout_s=120)
+    restart_service(cfg, "ingest", env, timeout_s=120)
 
 
 def main() -> dict[str, Any]:

@@ -66,7 +66,7 @@ from services.processor.app import JIT_OPTIONS
 from shared.kafka import ensure_topics
 from tests.bench import workload
 from tests.bench.markers import Load, Marker, MarkerWatch, percentiles_ms
-from tests.bench.stack import Control, job, services_up
+from tests.bench.stack import Control, job, restart_service, services_up
 
 RATE = 1_000
 MARKERS_PER_S = 20
@@ -123,9 +123,7 @@ def main() -> dict[str, Any]:
 
 def restart_processor(cfg: StackConfig, env: dict[str, str]) -> None:
     """Start the stack's processor again with ``env`` on top of the stack's environment."""
-    procs.stop_process("processor", cfg.run_dir, timeout_s=30)
-    start_service(cfg, "processor", env)
-    wait_service_ready(cfg, "processor", timeout_s=AFTER_MAX_S)
+    restart_service(cfg, "processor", env, timeout_s=AFTER_MAX_S)
 
 
 def jvm_options(pid: int) -> list[str]:

@@ -88,6 +88,13 @@ def services_up(cfg: StackConfig | None = None, *, zipkin: bool = True) -> Stack
     return cfg
 
 
+def restart_service(cfg: StackConfig, name: str, env: dict[str, str], timeout_s: float = 180) -> None:
+    """Start the stack's service ``name`` again with ``env`` on top of the stack's environment."""
+    procs.stop_process(name, cfg.run_dir, timeout_s=30)
+    start_service(cfg, name, env)
+    wait_service_ready(cfg, name, timeout_s=timeout_s)
+
+
 def restart_services() -> StackConfig:
     """The four services stopped and started again (fresh processes; Kafka and Redis keep running)."""
     cfg = config()
