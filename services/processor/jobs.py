@@ -209,8 +209,10 @@ class JobManager:
             self._jobs[job.spec.id] = job
 
     def _give_up(self, job: Job, message: str, **changes: object) -> None:
-        """FAILED here, and not resumed by a restart of this processor: control decides whether the
-        job runs again, and where (its StartJob stores it to run again)."""
+        """FAILED after its query failed and its restarts here did too: not resumed by this
+        processor's next start either. Control decides whether the job runs again, and where (its
+        StartJob stores it to run again). A start that fails (Kafka away, say) leaves the store as it
+        was: a job the processor resumed is tried again by its next start."""
         self._set(job, state=JobState.FAILED, message=message, **changes)
         stored = self.store.get(job.spec.id)
         if stored is not None and stored.should_run:
@@ -326,11 +328,11 @@ class JobManager:
             raise CheckpointBusyError(f"job {spec.id} did not start: {e}") from None
         except (SpecError, ProcessorError):
             self._release(spec.id)
-            self._give_up(job, "the spec no longer starts")
+            self._set(job, state=JobState.FAILED, message="the spec no longer starts")
             raise
         except Exception as e:  # Spark or Kafka refused: the job fails, the service does not
             self._release(spec.id)
-            self._give_up(job, _first_line(e))
+            self._set(job, state=JobState.FAILED, message=_first_line(e))
             raise ProcessorError(f"job {spec.id} did not start: {_first_line(e)}") from e
         self._set(job, query=query, state=JobState.RUNNING, message="", running_since=time.monotonic())
         log.info("job %s running (epoch %d, checkpoint %s)", spec.id, job.epoch, self.checkpoint_dir(spec.id))
