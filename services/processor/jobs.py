@@ -211,8 +211,9 @@ class JobManager:
     def _give_up(self, job: Job, message: str, **changes: object) -> None:
         """FAILED after its query failed and its restarts here did too: not resumed by this
         processor's next start either. Control decides whether the job runs again, and where (its
-        StartJob stores it to run again). A start that fails (Kafka away, say) leaves the store as it
-        was: a job the processor resumed is tried again by its next start."""
+        StartJob stores it to run again). A job that fails to start on a command or at this
+        processor's start (Kafka away, say) leaves the store as it was: a job the processor resumed is
+        tried again by its next start."""
         self._set(job, state=JobState.FAILED, message=message, **changes)
         stored = self.store.get(job.spec.id)
         if stored is not None and stored.should_run:
