@@ -209,8 +209,8 @@ class JobManager:
             self._jobs[job.spec.id] = job
 
     def _give_up(self, job: Job, message: str, **changes: object) -> None:
-        """FAILED after its query failed and its restarts here did too: not resumed by this
-        processor's next start either. Control decides whether the job runs again, and where (its
+        """FAILED after its query failed and its restarts here did too, or quarantined: not resumed by
+        this processor's next start either. Control decides whether the job runs again, and where (its
         StartJob stores it to run again). A job that fails to start on a command or at this
         processor's start (Kafka away, say) leaves the store as it was: a job the processor resumed is
         tried again by its next start."""
@@ -522,8 +522,7 @@ class JobManager:
                     "submit it again"
                 )
                 log.error("job %s %s", stored.spec.id, message)
-                self.store.put(stored.with_(should_run=False))
-                self._set(Job(spec=stored.spec, epoch=stored.epoch, state=JobState.FAILED, message=message))
+                self._give_up(Job(spec=stored.spec, epoch=stored.epoch, state=JobState.FAILED), message)
             elif v.verdict == "stopped":
                 # Control moved it while this processor was down, and it was stopped where it ran.
                 log.info("job %s not resumed: it was stopped since it last ran here", stored.spec.id)
