@@ -15,7 +15,7 @@ from rich.table import Table
 
 from infra import apt, class_archive, fetch, local_fs, pki, procs
 from infra.errors import InfraError
-from infra.kafka_broker import KafkaBroker
+from infra.kafka_broker import DEFAULT_HEAP, KafkaBroker
 from infra.paths import CACHE_DIR, RUN_DIR
 from infra.redis_server import RedisServer
 
@@ -219,7 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--kafka-port", type=int, default=9092)
     parser.add_argument("--controller-port", type=int, default=9093)
     parser.add_argument("--redis-port", type=int, default=6379)
-    parser.add_argument("--kafka-heap", default="768m")
+    parser.add_argument("--kafka-heap", default=DEFAULT_HEAP)
     parser.add_argument("--timeout", type=float, default=60, help="seconds to wait for the broker")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("fetch", help="resolve the Kafka, spark-sql-kafka and Zipkin jars into .cache (once)")

@@ -59,6 +59,12 @@ def _java_major() -> int:
     return int(match.group(2) or 0) if major == 1 else major
 
 
+# The broker's heap limit. Through the 1M-event bursts and 100,000 windows at most 90 MiB outlived a young
+# collection (its GC log); G1 grows a busy heap towards its limit, and at 768m the broker reached 611
+# MiB resident in a full `make bench` (tests/bench/README.md, The JVMs' heap limits).
+DEFAULT_HEAP = "384m"
+
+
 class KafkaBroker:
     """Single-node KRaft broker on 127.0.0.1. Idempotent: up() reuses our broker if it is already healthy."""
 
@@ -67,7 +73,7 @@ class KafkaBroker:
         run_dir: Path,
         port: int = 9092,
         controller_port: int = 9093,
-        heap: str = "768m",
+        heap: str = DEFAULT_HEAP,
         *,
         cache_dir: Path = CACHE_DIR,
         name: str = NAME,

@@ -18,7 +18,7 @@ from infra import procs
 from infra.class_archive import processor_jvm_settings
 from infra.errors import InfraError
 from infra.fetch import spark_kafka_jars
-from infra.kafka_broker import KafkaBroker
+from infra.kafka_broker import DEFAULT_HEAP, KafkaBroker
 from infra.paths import ROOT, RUN_DIR
 from infra.pki import ensure_pki
 from infra.redis_server import RedisServer
@@ -45,7 +45,7 @@ class StackConfig:
     # gRPC, Prometheus and Spark UI ports of a second processor (start_standby_processor), if one runs.
     standby_processor_ports: tuple[int, int, int] = (6127, 9104, 4041)
     job_specs: tuple[Path, ...] = field(default=())
-    kafka_heap: str = "768m"
+    kafka_heap: str = DEFAULT_HEAP
     # Zipkin: tracing UI and span collector (its API and UI share the port).
     zipkin_port: int = 9411
     # A bearer token with read and write scopes for the control API; empty: no tokens, so control

@@ -19,7 +19,12 @@ class ProcessorSettings(BaseServiceSettings):
     spark_master: str = "local[2]"
     # Sized for a 2-core machine: more shuffle partitions only add per-partition state-store overhead.
     shuffle_partitions: int = Field(2, ge=1)
-    driver_memory: str = "1g"
+    # The driver JVM's heap (Spark's executor too, on a local master). Through the 1M-event bursts at
+    # most 198 MiB outlived a young collection, 98 MiB a full one at 100,000 windows (the state is
+    # RocksDB's, off the heap); G1 grows a busy heap towards its limit, and at 1g the process reached
+    # 1.2 GiB resident for no faster burst (tests/bench/README.md, The JVMs' heap limits). Spark
+    # refuses less than 450 MiB.
+    driver_memory: str = "768m"
     # Jars of Spark's Kafka connector (required): infra fills it with what `python -m infra fetch` resolved.
     spark_jars: list[str] = Field(default_factory=list)
     # A class-data-sharing archive for the driver JVM (services/processor/class_archive.py): the
