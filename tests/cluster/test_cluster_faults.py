@@ -145,8 +145,17 @@ def test_topology_replicates_topics_and_spreads_work_over_the_cluster(topology: 
         "cluster-probe with two partitions of three replicas",
     )
     resources = [ConfigResource(ResourceType.TOPIC, t) for t in ["cluster-probe", *internal]]
-    for resource, fut in admin.describe_configs(resources).items():
-        assert fut.result()["min.insync.replicas"].value == "2", resource
+    min_isr: dict[str, str] = {}
+
+    def described() -> bool:
+        # Any broker may answer, and one that has not yet heard of the new topic answers "unknown
+        # topic" (seen once): ask until every topic is described.
+        answers = admin.describe_configs(resources).items()
+        min_isr.update({r.name: f.result()["min.insync.replicas"].value for r, f in answers})
+        return True
+
+    procs.wait_for(described, 30, "the topics' configs")
+    assert min_isr == {r.name: "2" for r in resources}
 
     master = cluster.spark_master(cfg)
     assert len(master.alive_workers()) == 2
