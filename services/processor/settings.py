@@ -1,12 +1,31 @@
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from shared.settings import BaseServiceSettings
+
+# Spark refuses a driver (and a local master's executor) whose heap is under 1.5 x its 300 MiB of
+# reserved memory (UnifiedMemoryManager), and only once the JVM is up, seconds into the start. It reads
+# the heap as Runtime.maxMemory, which leaves out a survivor space with the serial and parallel
+# collectors: -Xmx450m reads 435 and 414 MiB there. 512m clears it with each (495 and 455).
+MIN_DRIVER_MEMORY_MIB = 512
+# With a local master, spark.driver.memory becomes the driver JVM's -Xmx as written, and the JVM reads a
+# number without a unit as bytes, Spark as MiB: a unit is required, one both read alike.
+_MEMORY = re.compile(r"(\d+)([kmgt])", re.IGNORECASE)
+_MIB_PER_UNIT = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024**2}
+
+
+def memory_mib(value: str) -> float:
+    """``value`` ("768m", "1g") in MiB."""
+    match = _MEMORY.fullmatch(value.strip())
+    if not match:
+        raise ValueError(f"{value!r} is not a heap size with a unit, such as 768m or 1g")
+    return int(match[1]) * _MIB_PER_UNIT[match[2].lower()]
 
 
 class ProcessorSettings(BaseServiceSettings):
@@ -22,8 +41,8 @@ class ProcessorSettings(BaseServiceSettings):
     # The driver JVM's heap (Spark's executor too, on a local master). Through the 1M-event bursts at
     # most 198 MiB outlived a young collection, 98 MiB a full one at 100,000 windows (the state is
     # RocksDB's, off the heap); G1 grows a busy heap towards its limit, and at 1g the process reached
-    # 1.2 GiB resident for no faster burst (tests/bench/README.md, The JVMs' heap limits). Spark
-    # refuses less than 450 MiB.
+    # 1.2 GiB resident for no faster burst (tests/bench/README.md, The JVMs' heap limits). At least
+    # MIN_DRIVER_MEMORY_MIB, with a unit ("768m", "1g"): checked here, not seconds into Spark's start.
     driver_memory: str = "768m"
     # Jars of Spark's Kafka connector (required): infra fills it with what `python -m infra fetch` resolved.
     spark_jars: list[str] = Field(default_factory=list)
@@ -94,6 +113,16 @@ class ProcessorSettings(BaseServiceSettings):
     taken_over_warmup_s: float = Field(30, ge=0, le=600)
     # How long a stop with savepoint waits for the running micro-batch to end.
     stop_timeout_ms: int = Field(30_000, ge=0)
+
+    @field_validator("driver_memory")
+    @classmethod
+    def _spark_accepts_driver_memory(cls, value: str) -> str:
+        if memory_mib(value) < MIN_DRIVER_MEMORY_MIB:
+            raise ValueError(
+                f"{value!r} is under the minimum driver heap, {MIN_DRIVER_MEMORY_MIB}m: Spark refuses"
+                " a heap it reads as less than 450 MiB"
+            )
+        return value.strip()
 
     @property
     def checkpoints_path(self) -> Path:

@@ -18,7 +18,7 @@ from services.processor.app import (
     STATE_CLEANUP_PER_ROW,
     session_conf,
 )
-from services.processor.settings import ProcessorSettings
+from services.processor.settings import MIN_DRIVER_MEMORY_MIB, ProcessorSettings, memory_mib
 
 
 def test_the_real_time_shuffle_flushes_within_5_ms_unless_the_profile_is_throughput(
@@ -48,6 +48,30 @@ def test_spark_conf_given_explicitly_wins_over_the_derived_settings() -> None:
         ProcessorSettings(realtime_shuffle_flush_ms=0)
     with pytest.raises(ValueError, match="less than or equal to 1000"):
         ProcessorSettings(realtime_shuffle_flush_ms=1_001)
+
+
+@pytest.mark.parametrize(
+    ("given", "mib"), [("768m", 768), ("1G", 1024), (" 1g ", 1024), ("524288k", 512), ("2T", 2 * 1024**2)]
+)
+def test_the_driver_heap_is_read_as_the_jvm_reads_it(given: str, mib: int) -> None:
+    assert memory_mib(given) == mib
+    assert ProcessorSettings(driver_memory=given).driver_memory == given.strip()  # -Xmx as written
+
+
+@pytest.mark.parametrize("given", ["768", "1gb", "1.5g", "-1g", "lots", ""])
+def test_a_driver_heap_without_a_jvm_unit_is_refused_before_spark_starts(given: str) -> None:
+    # "768" would be 768 bytes to the JVM's -Xmx and 768 MiB to Spark: refused rather than guessed.
+    with pytest.raises(ValueError, match="is not a heap size with a unit, such as 768m or 1g"):
+        ProcessorSettings(driver_memory=given)
+
+
+def test_a_driver_heap_under_spark_s_minimum_is_refused_before_spark_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert ProcessorSettings(driver_memory=f"{MIN_DRIVER_MEMORY_MIB}m").driver_memory == "512m"
+    monkeypatch.setenv("SF_PROCESSOR_DRIVER_MEMORY", "450m")  # Spark's own floor; not with serial GC
+    with pytest.raises(ValueError, match="'450m' is under the minimum driver heap, 512m: Spark refuses"):
+        ProcessorSettings()
 
 
 def test_a_quick_jit_stops_spark_s_jvms_at_c1_after_the_options_already_given(tmp_path: Path) -> None:
