@@ -57,9 +57,16 @@ def spark_trace_numbers(column: str, prefix: str) -> list[tuple[str, str]]:
 
 
 def spark_traceparent_of_numbers(prefix: str) -> str:
-    """SQL: the traceparent the four columns of spark_trace_numbers(_, prefix) hold (NULL if none)."""
+    """SQL: the traceparent the four columns of spark_trace_numbers(_, prefix) hold (NULL if none).
 
-    hi, lo, span, flags = (f"lower(lpad(hex({prefix}{name}), {n}, '0'))" for name, _, n in _TRACEPARENT_PARTS)
+    hex() writes A-F; translate() makes them lowercase. Not lower(): Spark 4 maps case through ICU
+    (spark.sql.icu.caseMappings.enabled), and the first such call in a JVM initialises a table over
+    every code point, ~2 s of one core, inside the first batch of every start, restart and takeover
+    (tests/bench/README.md, A standby's first batch: ICU's case tables)."""
+    hi, lo, span, flags = (
+        f"translate(lpad(hex({prefix}{name}), {n}, '0'), 'ABCDEF', 'abcdef')"
+        for name, _, n in _TRACEPARENT_PARTS
+    )
     return f"concat('00-', {hi}, {lo}, '-', {span}, '-', {flags})"
 
 
