@@ -7,6 +7,8 @@ plain-Python oracle; versions must keep growing across every restore.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +23,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from pyspark.sql import SparkSession
 
 from infra.datagen import oracle_window_counts
+from infra.paths import ROOT
 from services.processor import savepoints
 from services.processor.grpc_server import grpc_services
 from services.processor.jobs import JobManager
@@ -434,3 +437,43 @@ def test_a_warm_up_that_cannot_reach_kafka_is_given_up_not_raised(
 ) -> None:
     settings = ProcessorSettings(kafka_bootstrap="127.0.0.1:1", data_dir=str(tmp_path), warmup_s=5)
     assert warm_up(spark, settings, "nokafka") == 0
+
+
+# A driver JVM of its own (the shared session may have mapped case already): whether Spark's ICU
+# case-mapping class is initialised, before and after the warm-up's case mapping.
+CASE_MAPPING_SESSION = """
+import sys
+from services.processor.app import build_spark
+from services.processor.settings import ProcessorSettings
+from services.processor.warmup import warm_case_mapping
+spark = build_spark(ProcessorSettings(spark_ui_enabled=False, data_dir=sys.argv[1]), [])
+jvm = spark.sparkContext._jvm
+field = jvm.java.lang.Class.forName("sun.misc.Unsafe").getDeclaredField("theUnsafe")
+field.setAccessible(True)
+unsafe = field.get(None)
+icu = jvm.java.lang.Class.forName(
+    "org.apache.spark.sql.catalyst.util.CollationAwareUTF8String", False,
+    jvm.java.lang.ClassLoader.getSystemClassLoader(),
+)
+print("uninitialised before:", unsafe.shouldBeInitialized(icu))
+print("mapped:", warm_case_mapping(spark))
+print("uninitialised after:", unsafe.shouldBeInitialized(icu))
+spark.stop()
+"""
+
+
+def test_a_warm_up_initialises_sparks_icu_case_mapping(tmp_path: Path) -> None:
+    """The first lower/upper/initcap in a JVM builds ICU's title-case table (~2 s of a core): a standby
+    pays it in its warm-up, not in the first batch of a job it takes over."""
+    done = subprocess.run(
+        [sys.executable, "-c", CASE_MAPPING_SESSION, str(tmp_path / "data")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert "uninitialised before: True" in lines  # a fresh JVM has not paid it
+    assert "mapped: [('i\u0307ä0', 'SSǄ0', 'ǅa B0')]" in lines, lines  # ICU's full case mappings
+    assert "uninitialised after: False" in lines
