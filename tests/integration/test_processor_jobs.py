@@ -439,29 +439,29 @@ def test_a_warm_up_that_cannot_reach_kafka_is_given_up_not_raised(
     assert warm_up(spark, settings, "nokafka") == 0
 
 
-# A driver JVM of its own (the shared session may have mapped case already): whether Spark's ICU
-# case-mapping class is initialised, before and after a warm-up (one with no Kafka to reach, which
+# A driver JVM of its own (the shared session may have mapped case already), logging each class it
+# initialises (`-Xlog:class+init`, the JVM's unified logging, a line as it happens): whether Spark's
+# ICU case-mapping class was initialised before and after a warm-up (one with no Kafka to reach, which
 # gives up at its topics: the case mapping comes first).
 CASE_MAPPING_SESSION = """
 import sys
+from pathlib import Path
 from services.processor.app import build_spark
 from services.processor.settings import ProcessorSettings
 from services.processor.warmup import warm_case_mapping, warm_up
+data, init_log = sys.argv[1], Path(sys.argv[2])
 settings = ProcessorSettings(
-    spark_ui_enabled=False, data_dir=sys.argv[1], kafka_bootstrap="127.0.0.1:1", warmup_s=1
+    spark_ui_enabled=False, data_dir=data, kafka_bootstrap="127.0.0.1:1", warmup_s=1,
+    spark_conf={"spark.driver.extraJavaOptions": f"-Xlog:class+init=info:file={init_log}"},
 )
 spark = build_spark(settings, [])
-jvm = spark.sparkContext._jvm
-field = jvm.java.lang.Class.forName("sun.misc.Unsafe").getDeclaredField("theUnsafe")
-field.setAccessible(True)
-unsafe = field.get(None)
-icu = jvm.java.lang.Class.forName(
-    "org.apache.spark.sql.catalyst.util.CollationAwareUTF8String", False,
-    jvm.java.lang.ClassLoader.getSystemClassLoader(),
-)
-print("uninitialised before:", unsafe.shouldBeInitialized(icu))
+spark.range(3).selectExpr("concat('a', id) AS s").collect()  # a job ran, with no case mapped
+ICU = "Initializing 'org/apache/spark/sql/catalyst/util/CollationAwareUTF8String'"
+def initialised():
+    return ICU in init_log.read_text()
+print("initialised before:", initialised())
 print("batches:", warm_up(spark, settings, "icu"))
-print("uninitialised after:", unsafe.shouldBeInitialized(icu))
+print("initialised after:", initialised())
 print("mapped:", warm_case_mapping(spark))
 spark.stop()
 """
@@ -471,7 +471,7 @@ def test_a_warm_up_initialises_sparks_icu_case_mapping(tmp_path: Path) -> None:
     """The first lower/upper/initcap in a JVM builds ICU's title-case table (~2 s of a core): a standby
     pays it in its warm-up, not in the first batch of a job it takes over."""
     done = subprocess.run(
-        [sys.executable, "-c", CASE_MAPPING_SESSION, str(tmp_path / "data")],
+        [sys.executable, "-c", CASE_MAPPING_SESSION, str(tmp_path / "data"), str(tmp_path / "init.log")],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -479,7 +479,7 @@ def test_a_warm_up_initialises_sparks_icu_case_mapping(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
-    assert "uninitialised before: True" in lines  # a fresh JVM has not paid it
+    assert "initialised before: False" in lines, lines  # a fresh JVM has not paid it
     assert "batches: 0" in lines  # the warm-up's job gave up, without Kafka
-    assert "uninitialised after: False" in lines
+    assert "initialised after: True" in lines, lines
     assert "mapped: [('i\u0307ä0', 'SSǄ0', 'ǅa B0')]" in lines, lines  # ICU's full case mappings
