@@ -6,14 +6,12 @@ class-loading log on, and reads where Spark's classes came from.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from infra.class_archive import archive_path, ensure_class_archive
-from infra.paths import ROOT
+from tests.spark_util import run_own_driver
 
 pytestmark = pytest.mark.integration
 
@@ -42,15 +40,7 @@ SPARK_CONTEXT = "org.apache.spark.SparkContext "
 
 def start_session(archive: str, tmp_path: Path) -> str:
     class_log = tmp_path / "classes.log"
-    done = subprocess.run(
-        [sys.executable, "-c", SESSION, archive, str(class_log), str(tmp_path / "data")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "rows 7" in done.stdout
+    assert "rows 7" in run_own_driver(SESSION, archive, str(class_log), str(tmp_path / "data"))
     line = next(ln for ln in class_log.read_text().splitlines() if SPARK_CONTEXT in ln)
     return line
 

@@ -7,8 +7,6 @@ plain-Python oracle; versions must keep growing across every restore.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +21,6 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from pyspark.sql import SparkSession
 
 from infra.datagen import oracle_window_counts
-from infra.paths import ROOT
 from services.processor import savepoints
 from services.processor.grpc_server import grpc_services
 from services.processor.jobs import JobManager
@@ -44,6 +41,7 @@ from shared.records import WindowResult
 from shared.tracing import TRACEPARENT, flush_tracing, setup_tracing
 from tests.integration.test_processor import spark  # noqa: F401  (the shared session fixture)
 from tests.kafka_util import produce_keyed, read_all
+from tests.spark_util import run_own_driver
 
 pytestmark = pytest.mark.integration
 BASE = 1_767_225_600_000
@@ -470,15 +468,7 @@ spark.stop()
 def test_a_warm_up_initialises_sparks_icu_case_mapping(tmp_path: Path) -> None:
     """The first lower/upper/initcap in a JVM builds ICU's title-case table (~2 s of a core): a standby
     pays it in its warm-up, not in the first batch of a job it takes over."""
-    done = subprocess.run(
-        [sys.executable, "-c", CASE_MAPPING_SESSION, str(tmp_path / "data"), str(tmp_path / "init.log")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    lines = done.stdout.splitlines()
+    lines = run_own_driver(CASE_MAPPING_SESSION, str(tmp_path / "data"), str(tmp_path / "init.log"))
     assert "initialised before: False" in lines, lines  # a fresh JVM has not paid it
     assert "batches: 0" in lines  # the warm-up's job gave up, without Kafka
     assert "initialised after: True" in lines, lines
