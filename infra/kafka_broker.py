@@ -24,7 +24,9 @@ from typing import Any
 from infra import procs
 from infra.errors import InfraError
 from infra.fetch import CACHE_DIR, kafka_classpath, require_java
+from infra.jvm import checked_memory
 from infra.paths import INFRA_DIR, logs_dir
+from shared.jvm import memory_mib
 
 NAME = "kafka"
 LOG4J2_CONFIG = INFRA_DIR / "kafka" / "log4j2.properties"
@@ -41,13 +43,6 @@ def new_cluster_id() -> str:
         cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         if not cid.startswith("-"):  # Kafka's own generator avoids these (they read like CLI flags)
             return cid
-
-
-def _mem_bytes(size: str) -> int:
-    match = re.fullmatch(r"(\d+)([kmgKMG]?)", size)
-    if not match:
-        raise InfraError(f"bad JVM memory size {size!r}; use e.g. 512m or 1g")
-    return int(match.group(1)) * 1024 ** " kmg".index(match.group(2).lower() or " ")
 
 
 def _java_major() -> int:
@@ -81,7 +76,7 @@ class KafkaBroker:
         self.run_dir = run_dir
         self.port = port
         self.controller_port = controller_port
-        self.heap = heap
+        self.heap = checked_memory(heap, f"the {name} heap")
         self.cache_dir = cache_dir
         self.name = name  # of its pid file, home and logs
         self.home = run_dir / name
@@ -162,7 +157,7 @@ class KafkaBroker:
         return "\n".join(lines) + "\n"
 
     def jvm_options(self) -> list[str]:
-        initial = self.heap if _mem_bytes(self.heap) < _mem_bytes("256m") else "256m"
+        initial = self.heap if memory_mib(self.heap) < 256 else "256m"
         gc_log = self.server_log_dir / "gc.log"
         return [
             f"-Xms{initial}",

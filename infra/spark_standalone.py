@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import secrets
 import urllib.request
 from pathlib import Path
@@ -30,6 +29,7 @@ from typing import Any
 from infra import procs
 from infra.errors import InfraError
 from infra.fetch import pyspark_jars_dir, require_java
+from infra.jvm import checked_memory
 
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
@@ -78,13 +78,6 @@ def _write_defaults(run_dir: Path, extra: dict[str, str]) -> Path:
     with os.fdopen(fd, "w") as f:
         f.write("\n".join(lines) + "\n")
     return path
-
-
-def _mem_mb(size: str) -> int:
-    match = re.fullmatch(r"(\d+)([mMgG])", size)
-    if not match:
-        raise InfraError(f"bad memory size {size!r} for a Spark worker; use e.g. 512m or 1g")
-    return int(match.group(1)) * (1024 if match.group(2).lower() == "g" else 1)
 
 
 class _Daemon:
@@ -221,13 +214,12 @@ class SparkWorker(_Daemon):
         super().__init__(run_dir)
         if cores < 1:
             raise InfraError(f"a Spark worker needs at least one core, got {cores}")
-        _mem_mb(memory)  # refuse a bad size now, not in the JVM's log
         self.name = f"spark-worker-{index}"
         self.master = master
         self.port = port
         self.webui_port = webui_port
         self.cores = cores
-        self.memory = memory
+        self.memory = checked_memory(memory, f"{self.name}'s executors")  # now, not in the JVM's log
         self.work_dir = run_dir / "spark" / f"worker-{index}"
 
     def env(self) -> dict[str, str]:

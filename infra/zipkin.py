@@ -18,6 +18,7 @@ from typing import Any
 from infra import procs
 from infra.errors import InfraError
 from infra.fetch import CACHE_DIR, require_java, zipkin_jar
+from infra.jvm import checked_memory
 from infra.paths import logs_dir
 
 NAME = "zipkin"
@@ -39,7 +40,7 @@ class ZipkinServer:
     ) -> None:
         self.run_dir = run_dir
         self.port = port
-        self.heap = heap
+        self.heap = checked_memory(heap, "the zipkin heap")
         self.max_spans = max_spans
         self.cache_dir = cache_dir
         self.log_path = logs_dir(run_dir) / "zipkin.log"

@@ -1,12 +1,12 @@
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
+from shared.jvm import memory_mib
 from shared.settings import BaseServiceSettings
 
 # Spark refuses a driver (and a local master's executor) whose heap is under 1.5 x its 300 MiB of
@@ -15,17 +15,7 @@ from shared.settings import BaseServiceSettings
 # collectors: -Xmx450m reads 435 and 414 MiB there. 512m clears it with each (495 and 455).
 MIN_DRIVER_MEMORY_MIB = 512
 # With a local master, spark.driver.memory becomes the driver JVM's -Xmx as written, and the JVM reads a
-# number without a unit as bytes, Spark as MiB: a unit is required, one both read alike.
-_MEMORY = re.compile(r"(\d+)([kmgt])", re.IGNORECASE)
-_MIB_PER_UNIT = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024**2}
-
-
-def memory_mib(value: str) -> float:
-    """``value`` ("768m", "1g") in MiB."""
-    match = _MEMORY.fullmatch(value.strip())
-    if not match:
-        raise ValueError(f"{value!r} is not a heap size with a unit, such as 768m or 1g")
-    return int(match[1]) * _MIB_PER_UNIT[match[2].lower()]
+# number without a unit as bytes, Spark as MiB: a unit is required, one both read alike (memory_mib).
 
 
 class ProcessorSettings(BaseServiceSettings):

@@ -15,7 +15,9 @@ from infra.__main__ import main as cli_main
 from infra.errors import InfraError
 from infra.kafka_broker import KafkaBroker, new_cluster_id
 from infra.redis_server import RedisServer
+from infra.spark_standalone import SparkMaster, SparkWorker
 from infra.stack import STANDBY_PROCESSOR, StackConfig, service_env, standby_env
+from infra.zipkin import ZipkinServer
 
 # ---------------------------------------------------------------------------------------------- fetch
 
@@ -199,8 +201,21 @@ def test_jvm_options(tmp_path: Path) -> None:
     assert "-Xmx768m" in opts and "-Xms256m" in opts and "-XX:+UseG1GC" in opts
     assert any(o.startswith("-Dlog4j2.configurationFile=") and o.endswith("log4j2.properties") for o in opts)
     assert "-Xms128m" in KafkaBroker(tmp_path, heap="128m").jvm_options()
-    with pytest.raises(InfraError, match="bad JVM memory size"):
-        KafkaBroker(tmp_path, heap="lots").jvm_options()
+    assert "-Xmx1g" in KafkaBroker(tmp_path, heap=" 1g ").jvm_options()
+
+
+@pytest.mark.parametrize("size", ["lots", "512", "", "1.5g", "-1g"])
+def test_a_jvm_memory_size_without_a_unit_is_refused_before_a_jvm_starts(tmp_path: Path, size: str) -> None:
+    """The JVM reads "512" as bytes (and would not start, into a log); each JVM's constructor refuses it."""
+    master = SparkMaster(tmp_path, 17077, 18080)
+    starts = {
+        "the kafka heap": lambda: KafkaBroker(tmp_path, heap=size),
+        "the zipkin heap": lambda: ZipkinServer(tmp_path, heap=size),
+        "spark-worker-0's executors": lambda: SparkWorker(tmp_path, 0, master, 17078, 18081, memory=size),
+    }
+    for what, start in starts.items():
+        with pytest.raises(InfraError, match=f"bad memory size for {what}: .* with a unit, such as 768m"):
+            start()
 
 
 def test_cluster_id_format() -> None:
