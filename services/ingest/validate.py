@@ -11,8 +11,10 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, NamedTuple
+from operator import attrgetter
+from typing import Annotated, Any
 
+import msgspec
 import orjson
 
 from shared.constants import escape_key_part
@@ -53,9 +55,9 @@ class RecordPolicy:
     min_event_time_ms: int = 0  # 0: no floor
 
 
-class ValidEvent(NamedTuple):
-    """A record that passed (one per record on the hot path: a tuple is made ~4x faster than a frozen
-    dataclass, 0.2 against 0.9 µs)."""
+class ValidEvent(msgspec.Struct, frozen=True, gc=False):
+    """A record that passed (one per record on the hot path: a Struct is made in 0.15 µs here, a
+    NamedTuple in 0.75 and a frozen dataclass in more)."""
 
     key: str
     value: bytes  # normalised JSON: declared fields only, event time as epoch milliseconds
@@ -70,7 +72,7 @@ class Rejection:
 
 def _parse_time(value: Any, fmt: TimeFormat) -> int:
     if fmt is TimeFormat.EPOCH_MS:
-        if isinstance(value, bool) or not isinstance(value, int | float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"expected epoch milliseconds (a number), got {type(value).__name__}")
         ms = int(value)
     else:
@@ -172,6 +174,91 @@ def _check_time(event_time_ms: int, policy: RecordPolicy, now_ms: int) -> Reject
     return None
 
 
+def _deep_enough_to_check(raw: bytes) -> bool:
+    """Whether ``raw`` has brackets enough to nest deeper than MAX_JSON_DEPTH (each level needs one):
+    only such a record needs the walk over its parsed value (too_deep)."""
+    return len(raw) > 2 * MAX_JSON_DEPTH and raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH
+
+
+# A declared field's type for msgspec's typed decoding (_TypedPath): strict, as _COERCE is (no bool for
+# a number, no float for a long; an int is read as a double), null or absent as None. A timestamp is
+# read as the JSON type of its format; an epoch-ms integer within range is kept as it is, anything else
+# converted by _parse_time, as the full path does.
+_LONG = Annotated[int, msgspec.Meta(ge=MIN_LONG, le=MAX_LONG)]
+_EPOCH_MS = Annotated[int, msgspec.Meta(ge=MIN_EPOCH_MS, le=MAX_EPOCH_MS)]
+_TYPED: dict[FieldType, Any] = {
+    FieldType.STRING: str | None,
+    FieldType.LONG: _LONG | None,
+    FieldType.DOUBLE: float | None,
+    FieldType.BOOLEAN: bool | None,
+}
+_TYPED_TIME: dict[TimeFormat, Any] = {
+    TimeFormat.EPOCH_MS: _EPOCH_MS | float | None,
+    TimeFormat.ISO8601: str | None,
+}
+
+
+class _TypedPath:
+    """A stream's records decoded straight into their declared fields and written back out, in C.
+
+    msgspec decodes a record into a Struct of the declared fields (unknown ones skipped, types checked
+    as they are read) and encodes that Struct as the normalised record: declared fields only, in
+    declared order, null where absent. That replaces parsing every member into a dict, a Python call
+    per field and a second dict to serialise (~7 µs a record of four fields here, ~1.8 µs this way).
+
+    It only ever accepts: a record it cannot take as it is (a wrong type, a missing key or event time,
+    JSON it refuses, anything unexpected) is left to the full path (RecordValidator.check), which
+    decides, and names the reason. So what it accepts, the full path accepts with the same key, event
+    time and field values (tests/unit/test_validate.py checks that on generated records); a
+    double may be written in another form of the same number (``1e16`` for ``1e+16``).
+    """
+
+    def __init__(self, source: Source) -> None:
+        names = list(source.fields)
+        attr = {name: f"f{i}" for i, name in enumerate(names)}  # a field's name may be a Python keyword
+        fmt = source.event_time.format
+        fields = [
+            (attr[n], _TYPED_TIME[fmt] if t is FieldType.TIMESTAMP else _TYPED[t], None)
+            for n, t in source.fields.items()
+        ]
+        event = msgspec.defstruct(
+            "Event", fields, rename={a: n for n, a in attr.items()}, gc=False, omit_defaults=False
+        )
+        self._decode = msgspec.json.Decoder(event).decode
+        self._encode = msgspec.json.Encoder().encode
+        self._format = fmt
+        self._times = [attr[n] for n, t in source.fields.items() if t is FieldType.TIMESTAMP]
+        required = [attr[k] for k in source.key] + [attr[source.event_time.field]]
+        self._required = attrgetter(*required) if len(required) > 1 else lambda e: (getattr(e, required[0]),)
+        self._time = attrgetter(attr[source.event_time.field])
+        self._keys = [attr[k] for k in source.key]
+        self._key = attrgetter(self._keys[0]) if len(self._keys) == 1 else None
+
+    def check(self, raw: bytes, policy: RecordPolicy, now_ms: int) -> ValidEvent | Rejection | None:
+        """The record as the full path would take it, a Rejection by the time policy, or None: the
+        full path decides."""
+        try:
+            event = self._decode(raw)
+            if None in self._required(event):
+                return None
+            for name in self._times:
+                value = getattr(event, name)
+                if value is not None and type(value) is not int:  # an int is epoch ms, in range
+                    setattr(event, name, _parse_time(value, self._format))
+            event_time_ms: int = self._time(event)
+            if policy.min_event_time_ms or policy.max_future_ms or policy.max_past_ms:
+                refused = _check_time(event_time_ms, policy, now_ms)
+                if refused is not None:
+                    return refused
+            if self._key is not None:
+                key = str(self._key(event))
+            else:  # shared.constants.join_key, inlined
+                key = "|".join([escape_key_part(str(getattr(event, k))) for k in self._keys])
+            return ValidEvent(key, self._encode(event), event_time_ms)
+        except Exception:  # any surprise: the full path decides, and says why
+            return None
+
+
 class RecordValidator:
     """A stream's checks, prepared once: ingest validates every record of a stream with one of these."""
 
@@ -191,6 +278,7 @@ class RecordValidator:
         ]
         self._key = tuple(source.key)
         self._time_field = source.event_time.field
+        self._typed = _TypedPath(source)
 
     def check_document(self, doc: Any, now_ms: int) -> ValidEvent | Rejection:
         """Check one parsed JSON value against the fields, key, event time and time policies."""
@@ -229,6 +317,19 @@ class RecordValidator:
             return Rejection(
                 OVERSIZED_RECORD, f"record is {len(raw)} bytes, the limit is {self.policy.max_record_bytes}"
             )
+        if not _deep_enough_to_check(raw):
+            typed = self._typed.check(raw, self.policy, now_ms)
+            if typed is not None:
+                return typed
+        return self.check_full(raw, now_ms)
+
+    def check_typed(self, raw: bytes, now_ms: int) -> ValidEvent | Rejection | None:
+        """The typed path alone (_TypedPath): None where it leaves the record to check_full."""
+        return self._typed.check(raw, self.policy, now_ms)
+
+    def check_full(self, raw: bytes, now_ms: int) -> ValidEvent | Rejection:
+        """The full path: parsed into a dict, each field checked in Python; it decides every record the
+        typed path leaves to it, and names the reason of every rejection."""
         try:
             doc = orjson.loads(raw)
         except orjson.JSONDecodeError as e:
@@ -238,11 +339,7 @@ class RecordValidator:
     def check_parsed(self, raw: bytes, doc: Any, now_ms: int) -> ValidEvent | Rejection:
         """Check a record already parsed from ``raw`` (its JSON text); never raises for bad input."""
         # Each level needs a bracket: only a record with more of them can be too deep (no walk for most).
-        if (
-            len(raw) > 2 * MAX_JSON_DEPTH
-            and raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH
-            and too_deep(doc)
-        ):
+        if _deep_enough_to_check(raw) and too_deep(doc):
             return Rejection(INVALID_JSON, f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
         try:
             return self.check_document(doc, now_ms)

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from services.ingest import validate as v
 from services.ingest.validate import RecordPolicy, Rejection, ValidEvent, validate
-from shared.jobspec import Source
+from shared.jobspec import FieldType, Source, TimeFormat
 
 NOW = 1_790_000_000_000  # 2026-09-21
 SOURCE = Source.model_validate(
@@ -150,3 +150,136 @@ def test_validate_never_raises_and_output_is_well_formed(raw: bytes, iso: bool) 
         assert set(doc) == set(SOURCE.fields)
         assert doc["ts"] == out.event_time_ms
         assert isinstance(doc["page"], str) and isinstance(doc["user"], str)
+
+
+# --- the typed path (msgspec) against the full path ------------------------------------------------
+# Field names that are Python keywords, a long and a double in the key, a second timestamp.
+ODD = Source.model_validate(
+    {
+        "topic": "odd",
+        "fields": {"class": "long", "from": "double", "t": "timestamp", "t2": "timestamp", "s": "string"},
+        "key": ["class", "from"],
+        "event_time": {"field": "t", "format": "epoch_ms"},
+    }
+)
+ODD_ISO = Source.model_validate({**ODD.model_dump(), "event_time": {"field": "t", "format": "iso8601"}})
+NUMBERS = (
+    st.integers()
+    | st.integers(-(2**70), 2**70)
+    | st.integers(0, 2 * NOW)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.floats(0, 2.0 * NOW)
+)
+ISO_TIMES = st.datetimes(timezones=st.timezones() | st.none()).map(lambda d: d.isoformat())
+SCALARS = st.none() | st.booleans() | NUMBERS | st.text() | ISO_TIMES
+
+
+def _right(ftype: FieldType, fmt: TimeFormat) -> st.SearchStrategy[object]:
+    """Values of a declared field's type, near its limits too."""
+    if ftype is FieldType.TIMESTAMP:
+        if fmt is TimeFormat.ISO8601:
+            return ISO_TIMES
+        near = st.integers(NOW - 10**9, NOW + 10**9)
+        return st.integers(v.MIN_EPOCH_MS, v.MAX_EPOCH_MS) | near | st.floats(0, 2.0 * NOW)
+    return {
+        FieldType.STRING: st.text(),
+        FieldType.LONG: st.integers(v.MIN_LONG, v.MAX_LONG) | st.integers(-1000, 1000),
+        FieldType.DOUBLE: st.floats(allow_nan=False, allow_infinity=False) | st.integers(-(2**64), 2**64),
+        FieldType.BOOLEAN: st.booleans(),
+    }[ftype]
+
+
+def _records(source: Source) -> st.SearchStrategy[dict[str, object]]:
+    """Documents for ``source``: mostly of the declared types, any field possibly of another (or null,
+    or absent when not required), with an extra member at times."""
+    required = {*source.key, source.event_time.field}
+    fmt = source.event_time.format
+    values = {name: _right(t, fmt) | _right(t, fmt) | SCALARS for name, t in source.fields.items()}
+    return st.fixed_dictionaries(
+        {n: s for n, s in values.items() if n in required},
+        optional={**{n: s for n, s in values.items() if n not in required}, "extra": JSON},
+    )
+
+
+def _json(doc: dict[str, object], spelling: int) -> bytes:
+    """One document in a few spellings of JSON: plain, ASCII-escaped, with a key repeated, spaced."""
+    if spelling == 1:
+        return json.dumps(doc, ensure_ascii=True).encode()
+    if spelling == 2 and doc:
+        first = next(iter(doc))
+        return ("{" + json.dumps(first) + ': "overwritten", ' + json.dumps(doc)[1:]).encode()
+    if spelling == 3:
+        return (" " + json.dumps(doc, indent=1) + "\n").encode()
+    return json.dumps(doc, ensure_ascii=False).encode()
+
+
+def _same_record(a: bytes, b: bytes) -> bool:
+    # The same members in the same order with the same types and values (repr tells 5 from 5.0 and
+    # 0.0 from -0.0); a double may be spelled differently (1e16, 1e+16).
+    return repr(list(orjson.loads(a).items())) == repr(list(orjson.loads(b).items()))
+
+
+SOURCES = [SOURCE, ISO, ODD, ODD_ISO]
+RECORDS = st.sampled_from(SOURCES).flatmap(lambda s: st.tuples(st.just(s), _records(s) | FIELDS))
+
+
+@settings(max_examples=1000, deadline=None)
+@given(record=RECORDS, spelling=st.integers(0, 3))
+def test_what_the_typed_path_decides_the_full_path_decides_alike(
+    record: tuple[Source, dict[str, object]], spelling: int
+) -> None:
+    source, doc = record
+    raw = _json(doc, spelling)
+    for policy in (STRICT, LOOSE):
+        validator = v.RecordValidator(source, policy)
+        typed, full = validator.check_typed(raw, NOW), validator.check_full(raw, NOW)
+        if typed is None:
+            continue  # left to the full path, which decides
+        if isinstance(typed, Rejection):  # the time policy's, the same function on the same time
+            assert typed == full
+            continue
+        assert isinstance(full, ValidEvent), (raw, full)
+        assert (typed.key, typed.event_time_ms) == (full.key, full.event_time_ms)
+        assert _same_record(typed.value, full.value), (typed.value, full.value)
+
+
+@pytest.mark.parametrize(
+    ("source", "raw"),
+    [
+        (SOURCE, _rec(n=3, x=2, ok=True, extra={"a": [1, 2]})),
+        (ISO, _rec(ts="2026-01-01T00:00:01.5+02:00")),
+        (SOURCE, _rec(ts=float(NOW) + 0.7)),  # a fractional epoch ms: truncated, as the full path does
+        (SOURCE, _rec(ts=v.MAX_EPOCH_MS, n=v.MAX_LONG)),
+        (SOURCE, _rec(ts=v.MIN_EPOCH_MS, n=v.MIN_LONG)),
+        (ODD, b'{"from": 1, "class": -0, "t": 1790000000000, "t2": 5.5, "s": "\\u00e9\\n"}'),
+    ],
+)
+def test_the_typed_path_takes_well_formed_records(source: Source, raw: bytes) -> None:
+    validator = v.RecordValidator(source, LOOSE)
+    typed = validator.check_typed(raw, NOW)
+    full = validator.check_full(raw, NOW)
+    assert isinstance(typed, ValidEvent) and isinstance(full, ValidEvent)
+    assert (typed.key, typed.event_time_ms) == (full.key, full.event_time_ms)
+    assert typed.value == full.value  # byte for byte here (no double with an exponent)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        _rec(page=1),  # a wrong type
+        b'{"user": "u", "ts": 1}',  # no key
+        _rec(ts=True),
+        _rec(n=2**63),  # beyond a long
+        _rec(ts=1e30),  # beyond year 9999
+        _rec(ts=v.MAX_EPOCH_MS + 1),
+        _rec(ts=v.MIN_EPOCH_MS - 1),
+        b'{"page": "/a", "user": "u", "ts": 1, "s": "\\ud800"}',  # a lone surrogate
+        b'{"page": "/a", "user": "\xff", "ts": 1}',  # not UTF-8
+        b"{not json",
+        b"[1]",
+    ],
+)
+def test_the_typed_path_leaves_every_bad_record_to_the_full_path(raw: bytes) -> None:
+    validator = v.RecordValidator(SOURCE, LOOSE)
+    assert validator.check_typed(raw, NOW) is None
+    assert isinstance(validator.check(raw, NOW), Rejection)
