@@ -204,13 +204,15 @@ class _TypedPath:
     msgspec decodes a record into a Struct of the declared fields (unknown ones skipped, types checked
     as they are read) and encodes that Struct as the normalised record: declared fields only, in
     declared order, null where absent. That replaces parsing every member into a dict, a Python call
-    per field and a second dict to serialise (~7 µs a record of four fields here, ~1.8 µs this way).
+    per field and a second dict to serialise (a record of four fields: ~7 µs the full way, ~3.5 µs
+    this way, on the slower VM of tests/bench/README.md).
 
-    It only ever accepts: a record it cannot take as it is (a wrong type, a missing key or event time,
-    JSON it refuses, anything unexpected) is left to the full path (RecordValidator.check), which
-    decides, and names the reason. So what it accepts, the full path accepts with the same key, event
-    time and field values (tests/unit/test_validate.py checks that on generated records); a
-    double may be written in another form of the same number (``1e16`` for ``1e+16``).
+    It accepts, or refuses by the time policy (_check_time, the full path's own function); a record it
+    cannot take as it is (a wrong type, a missing key or event time, JSON it refuses, anything
+    unexpected) is left to the full path (RecordValidator.check_full), which decides and names the
+    reason. So what it accepts, the full path accepts with the same key, event time and field values
+    (tests/unit/test_validate.py checks that on generated records); a double may be written in another
+    form of the same number (``1e16`` for ``1e+16``).
     """
 
     def __init__(self, source: Source) -> None:
