@@ -230,8 +230,8 @@ class _TypedPath:
         self._encode = msgspec.json.Encoder().encode
         self._format = fmt
         self._times = [attr[n] for n, t in source.fields.items() if t is FieldType.TIMESTAMP]
-        required = [attr[k] for k in source.key] + [attr[source.event_time.field]]
-        self._required = attrgetter(*required) if len(required) > 1 else lambda e: (getattr(e, required[0]),)
+        # The key has at least one field (Source.key), so two names at least: attrgetter gives a tuple.
+        self._required = attrgetter(*[attr[k] for k in source.key], attr[source.event_time.field])
         self._time = attrgetter(attr[source.event_time.field])
         self._keys = [attr[k] for k in source.key]
         self._key = attrgetter(self._keys[0]) if len(self._keys) == 1 else None
@@ -321,11 +321,12 @@ class RecordValidator:
             return Rejection(
                 OVERSIZED_RECORD, f"record is {len(raw)} bytes, the limit is {self.policy.max_record_bytes}"
             )
-        if not _deep_enough_to_check(raw):
+        deep = _deep_enough_to_check(raw)
+        if not deep:
             typed = self.check_typed(raw, now_ms)
             if typed is not None:
                 return typed
-        return self.check_full(raw, now_ms)
+        return self._check_full(raw, deep, now_ms)
 
     def check_typed(self, raw: bytes, now_ms: int) -> ValidEvent | Rejection | None:
         """The typed path alone (_TypedPath): None where it leaves the record to check_full."""
@@ -337,16 +338,23 @@ class RecordValidator:
     def check_full(self, raw: bytes, now_ms: int) -> ValidEvent | Rejection:
         """The full path: parsed into a dict, each field checked in Python; it decides every record the
         typed path leaves to it, and names the reason of every rejection."""
+        return self._check_full(raw, _deep_enough_to_check(raw), now_ms)
+
+    def _check_full(self, raw: bytes, deep: bool, now_ms: int) -> ValidEvent | Rejection:
+        """check_full, with ``deep`` (_deep_enough_to_check of ``raw``) already known."""
         try:
             doc = orjson.loads(raw)
         except orjson.JSONDecodeError as e:
             return Rejection(INVALID_JSON, f"not valid JSON: {e}")
-        return self.check_parsed(raw, doc, now_ms)
+        return self._check_parsed(doc, deep, now_ms)
 
     def check_parsed(self, raw: bytes, doc: Any, now_ms: int) -> ValidEvent | Rejection:
         """Check a record already parsed from ``raw`` (its JSON text); never raises for bad input."""
+        return self._check_parsed(doc, _deep_enough_to_check(raw), now_ms)
+
+    def _check_parsed(self, doc: Any, deep: bool, now_ms: int) -> ValidEvent | Rejection:
         # Each level needs a bracket: only a record with more of them can be too deep (no walk for most).
-        if _deep_enough_to_check(raw) and too_deep(doc):
+        if deep and too_deep(doc):
             return Rejection(INVALID_JSON, f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
         try:
             return self.check_document(doc, now_ms)
