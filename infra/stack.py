@@ -131,6 +131,12 @@ def ingest_token(cfg: StackConfig) -> str:
     return token_file(cfg.run_dir / "ingest-token")
 
 
+# A processor that starts with no job warms up this long before it registers (services/processor/
+# warmup.py): the first burst it meets then runs on code the JIT has compiled. One given spec files
+# starts their jobs at once instead.
+PROCESSOR_WARMUP_S = 20
+
+
 def service_env(cfg: StackConfig) -> dict[str, str]:
     """Everything the services are configured with: one environment, read by their Settings."""
     specs = json.dumps([str(p.resolve()) for p in cfg.job_specs])
@@ -146,6 +152,7 @@ def service_env(cfg: StackConfig) -> dict[str, str]:
         "SF_PROCESSOR_SPARK_JARS": json.dumps([str(p) for p in spark_kafka_jars()]),
         **{f"SF_PROCESSOR_{k.upper()}": v for k, v in processor_jvm_settings().items()},
         "SF_PROCESSOR_SPARK_UI_PORT": str(cfg.spark_ui_port),
+        "SF_PROCESSOR_WARMUP_S": str(PROCESSOR_WARMUP_S),
         "SF_PROCESSOR_METRICS_PORT": str(processor_port),
         "SF_SINK_METRICS_PORT": str(sink_port),
         "SF_CONTROL_PORT": str(cfg.control_port),

@@ -92,6 +92,10 @@ class ProcessorSettings(BaseServiceSettings):
     # A processor that starts with no job first runs a throwaway job for this long (services/processor/
     # warmup.py), so a job it takes over starts on a warm JVM; 0: off. The standby processor sets it.
     warmup_s: float = Field(0, ge=0, le=600)
+    # The warm-up job first drains a backlog of this many synthetic events (written at once before it
+    # starts), so the JIT compiles the per-row code of a job catching up on a burst, not only a quiet
+    # job's per-batch code (warmup.py). 0: no backlog, 1,000 events/s only.
+    warmup_backlog_events: int = Field(300_000, ge=0, le=5_000_000)
     # A processor that comes back to find every job it ran held by another processor (control moved
     # them while it was down) waits up to this long before it starts Spark, and at once when one of
     # them is free again (its holder died: resumed here). On shared cores the start of a JVM takes a

@@ -9,10 +9,19 @@ RocksDB state store and checkpointing. Measured on this 2-core machine
 
 So with ``SF_PROCESSOR_WARMUP_S`` > 0, a processor that resumed no job and was given no spec file
 produces synthetic events to a topic of its own (``_sf-warmup-<id>.valid``, the format ingest writes)
-and runs a windowed job over them (the usual aggregations) through the same code path as every job,
+and runs a windowed job over them (every kind of aggregate) through the same code path as every job,
 for that many seconds; then it stops the query and deletes the topics and the checkpoint. It
 registers with control only after that, so control never places a job on a processor still warming.
 A failure is logged and ignored: a cold standby is still a standby.
+
+The events come in two parts. First a backlog (``SF_PROCESSOR_WARMUP_BACKLOG_EVENTS``, written at
+once before the query starts, event times over the minute before now), which the job drains in full
+micro-batches as it would a burst: that is what makes the JIT compile the per-row code (the Kafka
+read, JSON parsing, the aggregation's hash map, the state store). A quiet job's small batches do not:
+a fresh JVM drained the bench's 1M-event burst at 42-49k events/s; after a 300,000-event backlog of
+this job, another query shape, at 69-73k (tests/bench/README.md, "A processor warmed on a backlog").
+Then 1,000 events/s for the rest of the time, whose small batches compile each batch's fixed work
+(planning, commits) the way a quiet job's first minutes would.
 
 Before that job it maps the case of a few strings, for a job it takes over that calls ``lower``,
 ``upper`` or ``initcap`` (the warm-up job calls none): see ``warm_case_mapping``.
@@ -29,6 +38,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import NamedTuple
 
 from confluent_kafka import KafkaException, Producer
 from pyspark.sql import SparkSession
@@ -43,6 +53,8 @@ log = logging.getLogger(__name__)
 
 WARMUP_EVENTS_PER_S = 1_000
 WARMUP_KEYS = 100
+BACKLOG_KEYS = 1_000
+BACKLOG_SPAN_MS = 60_000  # the backlog's event times: in order, over the minute before the live events'
 
 
 def warmup_spec(tag: str) -> JobSpec:
@@ -64,6 +76,9 @@ def warmup_spec(tag: str) -> JobSpec:
                 {"fn": "avg", "field": "latency", "as": "mean"},
                 {"fn": "min", "field": "latency", "as": "low"},
                 {"fn": "max", "field": "latency", "as": "high"},
+                {"fn": "stddev", "field": "latency", "as": "sd"},
+                {"fn": "stddev_pop", "field": "latency", "as": "sdp"},
+                {"fn": "percentiles", "field": "latency", "percentiles": [50, 99], "as": "p"},
             ],
             "trigger_interval": "500ms",
             "output_topic": f"_sf-warmup-{tag}.out",
@@ -106,9 +121,35 @@ def _produce(bootstrap: str, topic: str, stop: threading.Event) -> int:
     return sent
 
 
-def warm_up(spark: SparkSession, settings: ProcessorSettings, tag: str = "", seconds: float = 0) -> int:
-    """Run the throwaway job for ``seconds`` (default ``settings.warmup_s``); returns the micro-batches
-    it ran (0 when it failed: logged, never raised)."""
+class Warmed(NamedTuple):
+    batches: int  # the throwaway job's micro-batches (0: the warm-up failed)
+    events: int  # the events they read, the backlog's included
+
+
+def fill_backlog(bootstrap: str, topic: str, events: int, now_ms: int) -> int:
+    """``events`` events as ingest forwards them, their event times in order over the minute before
+    ``now_ms``, produced at once (~1 s for 300,000); returns how many were delivered."""
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50, "batch.size": 1_000_000})
+    start = now_ms - BACKLOG_SPAN_MS
+    for i in range(events):
+        key = f"p{i % BACKLOG_KEYS}"
+        value = f'{{"page":"{key}","latency":{(i % 997) / 8},"ts":{start + i * BACKLOG_SPAN_MS // events}}}'
+        while True:
+            try:
+                producer.produce(topic, key=key.encode(), value=value.encode())
+                break
+            except BufferError:  # librdkafka's queue is full: let it send
+                producer.poll(0.05)
+    left = producer.flush(30)
+    if left:
+        raise RuntimeError(f"{left} of the warm-up's {events} backlog events not delivered in 30 s")
+    return events
+
+
+def warm_up(spark: SparkSession, settings: ProcessorSettings, tag: str = "", seconds: float = 0) -> Warmed:
+    """Run the throwaway job for ``seconds`` (default ``settings.warmup_s``) over a backlog of
+    ``settings.warmup_backlog_events`` and then 1,000 events/s; returns what it ran (no batches when it
+    failed: logged, never raised)."""
     seconds = seconds or settings.warmup_s
     spec = warmup_spec(tag or uuid.uuid4().hex[:8])
     bootstrap = settings.kafka_bootstrap
@@ -119,7 +160,7 @@ def warm_up(spark: SparkSession, settings: ProcessorSettings, tag: str = "", sec
         target=_produce, args=(bootstrap, spec.source.valid_topic, stop), name="warmup-producer", daemon=True
     )
     began = time.monotonic()
-    batches = 0
+    batches = rows = 0
     created = False
     try:
         warm_case_mapping(spark)
@@ -127,6 +168,9 @@ def warm_up(spark: SparkSession, settings: ProcessorSettings, tag: str = "", sec
         checkpoint = Path(tempfile.mkdtemp(prefix="sf-warmup-", dir=settings.data_dir))
         ensure_topics(bootstrap, topics, partitions=1, timeout_s=10)
         created = True
+        backlog = fill_backlog(
+            bootstrap, spec.source.valid_topic, settings.warmup_backlog_events, int(time.time() * 1000)
+        )
         producer.start()
         query = start_query(
             spark,
@@ -141,9 +185,16 @@ def warm_up(spark: SparkSession, settings: ProcessorSettings, tag: str = "", sec
             query.awaitTermination(max(1, round(seconds)))
             progress = query.lastProgress
             batches = int(progress["batchId"]) + 1 if progress else 0
+            rows = sum(int(p["numInputRows"]) for p in query.recentProgress)
         finally:
             query.stop()
-        log.info("warmed up in %.1f s: %d batches of a throwaway job", time.monotonic() - began, batches)
+        log.info(
+            "warmed up in %.1f s: %d batches of a throwaway job, %d events read (a backlog of %d first)",
+            time.monotonic() - began,
+            batches,
+            rows,
+            backlog,
+        )
     except Exception as e:  # a cold standby still works: say so and go on
         log.warning(
             "warm-up failed after %.1f s (%s: %s); starting cold",
@@ -159,7 +210,7 @@ def warm_up(spark: SparkSession, settings: ProcessorSettings, tag: str = "", sec
             shutil.rmtree(checkpoint, ignore_errors=True)
         if created:
             _delete_topics(bootstrap, topics)
-    return batches
+    return Warmed(batches, rows)
 
 
 def _delete_topics(bootstrap: str, topics: list[str]) -> None:

@@ -416,13 +416,17 @@ def test_a_warm_up_runs_a_throwaway_job_and_leaves_nothing_behind(
     unique: str,
 ) -> None:
     """A standby's warm-up (services/processor/warmup.py): micro-batches of its own job over its own
-    topic, then its topics and checkpoint are gone and no job is left in Spark."""
+    topic, a backlog first, then its topics and checkpoint are gone and no job is left in Spark."""
     data = tmp_path / "data"  # not there yet: a processor's first start
-    settings = ProcessorSettings(kafka_bootstrap=kafka_bootstrap, data_dir=str(data), warmup_s=8)
+    settings = ProcessorSettings(
+        kafka_bootstrap=kafka_bootstrap, data_dir=str(data), warmup_s=20, warmup_backlog_events=30_000
+    )
     tag = unique.replace("_", "-")[:20]
     spec = warmup_spec(tag)
-    batches = warm_up(spark, settings, tag)
-    assert batches >= 3  # 500 ms trigger over ~8 s, after a first batch of a few seconds
+    warmed = warm_up(spark, settings, tag)
+    assert warmed.batches >= 3  # 500 ms trigger over ~20 s, after a cold first batch of several seconds
+    # The whole backlog was read, and the events produced at 1,000 a second after it.
+    assert warmed.events > 30_000
     assert not [q for q in spark.streams.active if (q.name or "").startswith(spec.id)]
     assert list(data.iterdir()) == []  # its checkpoint directory removed
     topics = admin(kafka_bootstrap).list_topics(timeout=10).topics
@@ -434,7 +438,7 @@ def test_a_warm_up_that_cannot_reach_kafka_is_given_up_not_raised(
     tmp_path: Path,
 ) -> None:
     settings = ProcessorSettings(kafka_bootstrap="127.0.0.1:1", data_dir=str(tmp_path), warmup_s=5)
-    assert warm_up(spark, settings, "nokafka") == 0
+    assert warm_up(spark, settings, "nokafka") == (0, 0)
 
 
 # A driver JVM of its own (the shared session may have mapped case already), logging each class it
@@ -458,7 +462,7 @@ ICU = "Initializing 'org/apache/spark/sql/catalyst/util/CollationAwareUTF8String
 def initialised():
     return ICU in init_log.read_text()
 print("initialised before:", initialised())
-print("batches:", warm_up(spark, settings, "icu"))
+print("batches:", warm_up(spark, settings, "icu").batches)
 print("initialised after:", initialised())
 print("mapped:", warm_case_mapping(spark))
 spark.stop()
