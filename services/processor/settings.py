@@ -90,7 +90,8 @@ class ProcessorSettings(BaseServiceSettings):
     # micro-batch in between, is quarantined: FAILED with the reason and not resumed (0: never).
     job_quarantine_crashes: int = Field(2, ge=0)
     # A processor that starts with no job first runs a throwaway job for this long (services/processor/
-    # warmup.py), so a job it takes over starts on a warm JVM; 0: off. The standby processor sets it.
+    # warmup.py), so a job it takes over starts on a warm JVM; 0: off. The single-machine stack sets
+    # it for its processor (20 s) and its standby (30 s): infra/stack.py.
     warmup_s: float = Field(0, ge=0, le=600)
     # The warm-up job first drains a backlog of this many synthetic events (written at once before it
     # starts), so the JIT compiles the per-row code of a job catching up on a burst, not only a quiet
