@@ -210,7 +210,20 @@ def warm_up(spark: SparkSession, settings: ProcessorSettings, tag: str = "", sec
             shutil.rmtree(checkpoint, ignore_errors=True)
         if created:
             _delete_topics(bootstrap, topics)
+        _collect_garbage(spark)
     return Warmed(batches, rows)
+
+
+def _collect_garbage(spark: SparkSession) -> None:
+    """A full collection once the throwaway job is gone: draining the backlog grew G1's heap towards
+    its limit, and a full collection gives the free part back to the OS (MaxHeapFreeRatio), where an
+    idle processor's young collections would not for a long time."""
+    try:
+        jvm = spark.sparkContext._jvm
+        if jvm is not None:
+            jvm.java.lang.System.gc()
+    except Exception as e:  # the memory stays with the JVM; nothing else depends on it
+        log.warning("no full collection after the warm-up (%s: %s)", type(e).__name__, e)
 
 
 def _delete_topics(bootstrap: str, topics: list[str]) -> None:
