@@ -423,14 +423,24 @@ def test_a_warm_up_runs_a_throwaway_job_and_leaves_nothing_behind(
     )
     tag = unique.replace("_", "-")[:20]
     spec = warmup_spec(tag)
+    full_collections = _full_collections(spark)
     warmed = warm_up(spark, settings, tag)
     assert warmed.batches >= 3  # 500 ms trigger over ~20 s, after a cold first batch of several seconds
     # The whole backlog was read, and the events produced at 1,000 a second after it.
     assert warmed.events > 30_000
+    assert _full_collections(spark) > full_collections  # the heap the backlog grew, collected
     assert not [q for q in spark.streams.active if (q.name or "").startswith(spec.id)]
     assert list(data.iterdir()) == []  # its checkpoint directory removed
     topics = admin(kafka_bootstrap).list_topics(timeout=10).topics
     assert spec.source.valid_topic not in topics and spec.output_topic not in topics
+
+
+def _full_collections(session: SparkSession) -> int:
+    """How many times the JVM's old generation was collected (G1: its full collections too)."""
+    jvm = session.sparkContext._jvm
+    assert jvm is not None
+    beans = jvm.java.lang.management.ManagementFactory.getGarbageCollectorMXBeans()
+    return sum(b.getCollectionCount() for b in beans if "Old" in b.getName())
 
 
 def test_a_warm_up_that_cannot_reach_kafka_is_given_up_not_raised(
