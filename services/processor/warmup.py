@@ -29,7 +29,6 @@ Before that job it maps the case of a few strings, for a job it takes over that 
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import shutil
@@ -103,6 +102,11 @@ def warm_case_mapping(spark: SparkSession) -> list[tuple[str, str, str]]:
     return [(r.l, r.u, r.t) for r in spark.range(1).selectExpr(*CASE_MAPPINGS).collect()]
 
 
+def _event(key: str, latency: float, ts_ms: int) -> bytes:
+    """One warm-up event as ingest forwards it: the declared fields in order, event time in epoch ms."""
+    return f'{{"page":"{key}","latency":{latency},"ts":{ts_ms}}}'.encode()
+
+
 def _produce(bootstrap: str, topic: str, stop: threading.Event) -> int:
     """Events as ingest forwards them (key, JSON value, event time in epoch ms) until ``stop``."""
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
@@ -113,8 +117,7 @@ def _produce(bootstrap: str, topic: str, stop: threading.Event) -> int:
         now_ms = int(time.time() * 1000)
         for _ in range(due):
             key = f"p{random.randrange(WARMUP_KEYS)}"
-            value = {"page": key, "latency": random.random() * 100, "ts": now_ms}
-            producer.produce(topic, key=key.encode(), value=json.dumps(value).encode())
+            producer.produce(topic, key=key.encode(), value=_event(key, random.random() * 100, now_ms))
         sent += max(due, 0)
         producer.poll(0)
     producer.flush(10)
@@ -133,10 +136,10 @@ def fill_backlog(bootstrap: str, topic: str, events: int, now_ms: int) -> int:
     start = now_ms - BACKLOG_SPAN_MS
     for i in range(events):
         key = f"p{i % BACKLOG_KEYS}"
-        value = f'{{"page":"{key}","latency":{(i % 997) / 8},"ts":{start + i * BACKLOG_SPAN_MS // events}}}'
+        value = _event(key, (i % 997) / 8, start + i * BACKLOG_SPAN_MS // events)
         while True:
             try:
-                producer.produce(topic, key=key.encode(), value=value.encode())
+                producer.produce(topic, key=key.encode(), value=value)
                 break
             except BufferError:  # librdkafka's queue is full: let it send
                 producer.poll(0.05)
