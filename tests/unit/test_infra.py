@@ -18,6 +18,7 @@ from infra.redis_server import RedisServer
 from infra.spark_standalone import SparkMaster, SparkWorker
 from infra.stack import STANDBY_PROCESSOR, StackConfig, service_env, standby_env
 from infra.zipkin import ZipkinServer
+from services.processor.settings import ProcessorSettings
 
 # ---------------------------------------------------------------------------------------------- fetch
 
@@ -450,3 +451,12 @@ def test_the_standby_processor_shares_checkpoints_but_nothing_else(tmp_path: Pat
     }
     assert len(ports) == 3 and not ports & taken
     assert standby["SF_PROCESSOR_JOB_SPECS"] == "[]" and float(standby["SF_PROCESSOR_WARMUP_S"]) > 0
+
+
+def test_the_stacks_processor_warms_up_before_it_registers(tmp_path: Path) -> None:
+    """The single-machine stack's processor, when it starts with no job, runs the warm-up (with its
+    backlog) before it registers: its Settings read that from the stack's environment."""
+    env = service_env(StackConfig(run_dir=tmp_path / "stack"))
+    warmup_s = float(env["SF_PROCESSOR_WARMUP_S"])
+    assert warmup_s > 0
+    assert ProcessorSettings(warmup_s=warmup_s).warmup_backlog_events > 0
