@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import threading
 import time
 from pathlib import Path
@@ -23,6 +24,7 @@ from services.processor.errors import ProcessorError
 from services.processor.grpc_server import grpc_services, to_proto
 from services.processor.jobs import JobManager, checkpoint_lease, stored_leases
 from services.processor.metrics import JobMetricsListener
+from services.processor.scratch import Scratch, claim
 from services.processor.settings import ProcessorSettings
 from services.processor.warmup import warm_up
 from shared.grpc_server import GrpcServices
@@ -83,9 +85,11 @@ def local_file_system(spark: SparkSession) -> Any:
     return jvm.org.apache.hadoop.fs.FileSystem.get(jvm.java.net.URI("file:///"), hadoop)
 
 
-def session_conf(settings: ProcessorSettings) -> dict[str, str]:
+def session_conf(settings: ProcessorSettings, scratch: Path | None = None) -> dict[str, str]:
     """The Spark settings that follow from the processor's own, on top of build_spark's fixed ones;
-    what ``spark_conf`` names explicitly wins over the defaults here."""
+    what ``spark_conf`` names explicitly wins over the defaults here. ``scratch``: the driver JVM's
+    java.io.tmpdir, and so Spark's local directory unless ``spark.local.dir`` is set (services/
+    processor/scratch.py)."""
     conf = {
         REALTIME_SHUFFLE_FLUSH: str(settings.realtime_shuffle_flush_ms),
         STATE_CLEANUP_PER_ROW: str(settings.state_cleanup_per_row),
@@ -96,7 +100,8 @@ def session_conf(settings: ProcessorSettings) -> dict[str, str]:
     if settings.class_archive and not archive_options:
         log.warning("class archive %s not found: Spark's JVM starts without it", settings.class_archive)
     jit = JIT_OPTIONS[settings.jit]
-    _add_java_options(conf, DRIVER_JAVA_OPTIONS, archive_options, jit)
+    tmpdir = shlex.quote(f"-Djava.io.tmpdir={scratch}") if scratch is not None else ""
+    _add_java_options(conf, DRIVER_JAVA_OPTIONS, archive_options, jit, tmpdir)
     if jit:  # executors elsewhere (a cluster) start with the application, cold, like its driver
         _add_java_options(conf, EXECUTOR_JAVA_OPTIONS, jit)
     return conf
@@ -109,7 +114,7 @@ def _add_java_options(conf: dict[str, str], key: str, *options: str) -> None:
         conf[key] = joined
 
 
-def build_spark(settings: ProcessorSettings, jars: list[str]) -> SparkSession:
+def build_spark(settings: ProcessorSettings, jars: list[str], scratch: Path | None = None) -> SparkSession:
     # Spark's web UI binds to SPARK_LOCAL_IP, else to every interface: keep it on loopback.
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
     builder = (
@@ -141,7 +146,7 @@ def build_spark(settings: ProcessorSettings, jars: list[str]) -> SparkSession:
         .config("spark.ui.killEnabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
     )
-    for key, value in session_conf(settings).items():
+    for key, value in session_conf(settings, scratch).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
@@ -173,13 +178,15 @@ class Processor:
         self._stop = threading.Event()
         self.spark: SparkSession | None = None
         self.manager: JobManager | None = None
+        self.scratch: Scratch | None = None
 
     def start(self) -> None:
         """Start Spark, resume the jobs that ran when the processor last stopped, then the spec files'."""
         s = self.settings
         yielded = not self.specs and self._yield_to_takeover()
         began = time.monotonic()
-        self.spark = build_spark(s, self.jars)
+        self.scratch = claim(s.scratch_path)
+        self.spark = build_spark(s, self.jars, self.scratch.path)
         log.info(
             "Spark session up in %.1f s (master %s; file: paths through %s)",
             time.monotonic() - began,
@@ -269,3 +276,6 @@ class Processor:
             log.info("Spark's JVM had already stopped (%s)", type(e).__name__)
         self.manager = None
         self.spark = None
+        if self.scratch is not None:
+            self.scratch.release()
+            self.scratch = None

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -78,6 +80,11 @@ class ProcessorSettings(BaseServiceSettings):
     # JobCommands and grpc.health.v1 (control calls it; 0 picks a free port).
     grpc_port: int = Field(6124, ge=0)
     grpc_host: str = "127.0.0.1"
+    # Where Spark's JVM keeps its temporary files (spark.local.dir and java.io.tmpdir): a directory of
+    # its own under this root, removed on a clean stop and by the next processor to start after a
+    # SIGKILL (services/processor/scratch.py). Local disk: shuffle blocks go there. Default:
+    # <system temp dir>/streamforge-processor-<uid>.
+    scratch_dir: str = ""
     # Default: <data_dir>/checkpoints, <data_dir>/savepoints, <data_dir>/jobs.
     checkpoint_dir: str = ""
     savepoint_dir: str = ""
@@ -118,6 +125,10 @@ class ProcessorSettings(BaseServiceSettings):
                 " a heap it reads as less than 450 MiB"
             )
         return value.strip()
+
+    @property
+    def scratch_path(self) -> Path:
+        return Path(self.scratch_dir or Path(tempfile.gettempdir()) / f"streamforge-processor-{os.getuid()}")
 
     @property
     def checkpoints_path(self) -> Path:
