@@ -29,6 +29,7 @@ Before that job it maps the case of a few strings, for a job it takes over that 
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import shutil
@@ -37,7 +38,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from confluent_kafka import KafkaException, Producer
 from pyspark.sql import SparkSession
@@ -149,6 +150,21 @@ def fill_backlog(bootstrap: str, topic: str, events: int, now_ms: int) -> int:
     return events
 
 
+def events_read(progress: dict[str, Any] | None) -> int:
+    """How many events a query of the warm-up's topic (new, so its offsets start at 0) has read: its
+    Kafka source's end offsets in the last progress report. Not a sum over ``recentProgress``, which
+    keeps the last 100 reports only (``spark.sql.streaming.numRecentProgressUpdates``)."""
+    if not progress:
+        return 0
+    total = 0
+    for source in progress.get("sources", []):
+        end = source.get("endOffset") or {}
+        if isinstance(end, str):
+            end = json.loads(end)
+        total += sum(int(offset) for partitions in end.values() for offset in partitions.values())
+    return total
+
+
 def warm_up(spark: SparkSession, settings: ProcessorSettings, tag: str = "", seconds: float = 0) -> Warmed:
     """Run the throwaway job for ``seconds`` (default ``settings.warmup_s``) over a backlog of
     ``settings.warmup_backlog_events`` and then 1,000 events/s; returns what it ran (no batches when it
@@ -188,7 +204,7 @@ def warm_up(spark: SparkSession, settings: ProcessorSettings, tag: str = "", sec
             query.awaitTermination(max(1, round(seconds)))
             progress = query.lastProgress
             batches = int(progress["batchId"]) + 1 if progress else 0
-            rows = sum(int(p["numInputRows"]) for p in query.recentProgress)
+            rows = events_read(progress)
         finally:
             query.stop()
         log.info(
