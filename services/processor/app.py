@@ -204,7 +204,7 @@ class Processor:
         idle = not any(v.state in ACTIVE_STATES for v in self.manager.list())
         if warm_s > 0 and idle and not self._stop.is_set():
             # Nothing runs here: warm the JVM before registering, so a job it takes over starts fast.
-            warm_up(self.spark, s, seconds=warm_s)
+            warm_up(self.spark, s, seconds=warm_s, workdir=self.scratch.path)
 
     def _yield_to_takeover(self) -> bool:
         """Wait up to ``taken_over_delay_s`` while every job this processor ran is held by another.

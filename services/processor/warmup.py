@@ -165,10 +165,18 @@ def events_read(progress: dict[str, Any] | None) -> int:
     return total
 
 
-def warm_up(spark: SparkSession, settings: ProcessorSettings, tag: str = "", seconds: float = 0) -> Warmed:
+def warm_up(
+    spark: SparkSession,
+    settings: ProcessorSettings,
+    tag: str = "",
+    seconds: float = 0,
+    workdir: Path | None = None,
+) -> Warmed:
     """Run the throwaway job for ``seconds`` (default ``settings.warmup_s``) over a backlog of
     ``settings.warmup_backlog_events`` and then 1,000 events/s; returns what it ran (no batches when it
-    failed: logged, never raised)."""
+    failed: logged, never raised). Its checkpoint goes in ``workdir`` (default: the data directory):
+    the processor gives its scratch directory, which the next start removes should this one be killed
+    during the warm-up."""
     seconds = seconds or settings.warmup_s
     spec = warmup_spec(tag or uuid.uuid4().hex[:8])
     bootstrap = settings.kafka_bootstrap
@@ -183,8 +191,9 @@ def warm_up(spark: SparkSession, settings: ProcessorSettings, tag: str = "", sec
     created = False
     try:
         warm_case_mapping(spark)
-        Path(settings.data_dir).mkdir(parents=True, exist_ok=True)
-        checkpoint = Path(tempfile.mkdtemp(prefix="sf-warmup-", dir=settings.data_dir))
+        parent = workdir or Path(settings.data_dir)
+        parent.mkdir(parents=True, exist_ok=True)
+        checkpoint = Path(tempfile.mkdtemp(prefix="sf-warmup-", dir=parent))
         ensure_topics(bootstrap, topics, partitions=1, timeout_s=10)
         created = True
         backlog = fill_backlog(

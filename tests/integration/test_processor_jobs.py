@@ -417,20 +417,22 @@ def test_a_warm_up_runs_a_throwaway_job_and_leaves_nothing_behind(
 ) -> None:
     """A standby's warm-up (services/processor/warmup.py): micro-batches of its own job over its own
     topic, a backlog first, then its topics and checkpoint are gone and no job is left in Spark."""
-    data = tmp_path / "data"  # not there yet: a processor's first start
+    data = tmp_path / "data"
     settings = ProcessorSettings(
         kafka_bootstrap=kafka_bootstrap, data_dir=str(data), warmup_s=20, warmup_backlog_events=30_000
     )
     tag = unique.replace("_", "-")[:20]
     spec = warmup_spec(tag)
     full_collections = _full_collections(spark)
-    warmed = warm_up(spark, settings, tag)
+    work = tmp_path / "scratch"  # the processor gives its scratch directory (scratch.py)
+    warmed = warm_up(spark, settings, tag, workdir=work)
     assert warmed.batches >= 3  # 500 ms trigger over ~20 s, after a cold first batch of several seconds
     # The whole backlog was read, and the events produced at 1,000 a second after it.
     assert warmed.events > 30_000
     assert _full_collections(spark) > full_collections  # the heap the backlog grew, collected
     assert not [q for q in spark.streams.active if (q.name or "").startswith(spec.id)]
-    assert list(data.iterdir()) == []  # its checkpoint directory removed
+    assert list(work.iterdir()) == []  # its checkpoint directory removed
+    assert not data.exists()  # and it was not in the data directory
     topics = admin(kafka_bootstrap).list_topics(timeout=10).topics
     assert spec.source.valid_topic not in topics and spec.output_topic not in topics
 
