@@ -6,7 +6,10 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
+
+import pytest
 
 from infra.paths import ROOT
 from services.processor.app import DRIVER_JAVA_OPTIONS, session_conf
@@ -67,17 +70,54 @@ def test_a_killed_processors_directory_is_removed_by_the_next_claim_and_a_live_o
     assert sorted(p.name for p in root.iterdir()) == [".sf-claims-lock"]
 
 
-def test_the_first_claim_after_a_kill_removes_what_it_left(tmp_path: Path) -> None:
+def test_only_a_claims_directory_is_ever_removed(tmp_path: Path) -> None:
     root = tmp_path / "scratch"
     dead, dead_dir = claimant(root, "kill")
     dead.wait(30)
-    stray = root / "not-a-claim"  # a directory nobody locks (written there by hand): not held, removed
-    stray.mkdir()
+    # Put there by someone else: another name, a claim's name without its lock file, a link to a
+    # directory with a lock file in it. None is held, and none is removed.
+    others = [root / "not-a-claim", root / "123-0badc0de"]
+    for d in others:
+        d.mkdir()
+    (root / "not-a-claim" / LOCK_NAME).touch()
+    target = tmp_path / "mine"
+    target.mkdir()
+    (target / LOCK_NAME).touch()
+    (root / "456-0badc0de").symlink_to(target)
     scratch = claim(root)
-    assert sorted(scratch.reaped) == [(dead_dir.name, 4096), ("not-a-claim", 0)]
-    assert not dead_dir.exists() and not stray.exists()
+    assert scratch.reaped == [(dead_dir.name, 4096)]
+    assert not dead_dir.exists()
+    assert all(d.is_dir() for d in others) and (target / LOCK_NAME).exists()
     scratch.release()
     assert not scratch.path.exists()
+
+
+def test_a_root_someone_else_could_have_made_is_not_used(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The default root is a guessable name in the shared /tmp: one made first by another user (a
+    link to a directory of ours, or a directory others can write) is neither used nor reaped."""
+    victim = tmp_path / "victim"
+    (victim / "123-0badc0de").mkdir(parents=True)  # named like a claim, lock file and all
+    (victim / "123-0badc0de" / LOCK_NAME).touch()
+    link = tmp_path / "scratch-link"
+    link.symlink_to(victim)
+    shared = tmp_path / "scratch-shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    for root, why in ((link, "is not a directory"), (shared, "is writable by others (mode 777)")):
+        scratch = claim(root)
+        assert scratch.path.parent == Path(tempfile.gettempdir()) and scratch.reaped == []
+        assert f"scratch root {root} {why}" in caplog.text
+        scratch.release()
+        assert not scratch.path.exists()
+    assert (victim / "123-0badc0de" / LOCK_NAME).exists()
+    assert list(shared.iterdir()) == []
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "nowhere")
+    scratch = claim(dangling)
+    assert "cannot be used" in caplog.text
+    scratch.release()
 
 
 def test_the_driver_jvm_keeps_its_temporary_files_in_the_scratch_directory(tmp_path: Path) -> None:
