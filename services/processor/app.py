@@ -100,7 +100,8 @@ def session_conf(settings: ProcessorSettings, scratch: Path | None = None) -> di
     if settings.class_archive and not archive_options:
         log.warning("class archive %s not found: Spark's JVM starts without it", settings.class_archive)
     jit = JIT_OPTIONS[settings.jit]
-    tmpdir = shlex.quote(f"-Djava.io.tmpdir={scratch}") if scratch is not None else ""
+    given_tmpdir = "-Djava.io.tmpdir=" in conf.get(DRIVER_JAVA_OPTIONS, "")
+    tmpdir = shlex.quote(f"-Djava.io.tmpdir={scratch}") if scratch is not None and not given_tmpdir else ""
     _add_java_options(conf, DRIVER_JAVA_OPTIONS, archive_options, jit, tmpdir)
     if jit:  # executors elsewhere (a cluster) start with the application, cold, like its driver
         _add_java_options(conf, EXECUTOR_JAVA_OPTIONS, jit)

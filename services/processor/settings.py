@@ -80,10 +80,10 @@ class ProcessorSettings(BaseServiceSettings):
     # JobCommands and grpc.health.v1 (control calls it; 0 picks a free port).
     grpc_port: int = Field(6124, ge=0)
     grpc_host: str = "127.0.0.1"
-    # Where Spark's JVM keeps its temporary files (spark.local.dir and java.io.tmpdir): a directory of
-    # its own under this root, removed on a clean stop and by the next processor to start after a
-    # SIGKILL (services/processor/scratch.py). Local disk: shuffle blocks go there. Default:
-    # <system temp dir>/streamforge-processor-<uid>.
+    # Where Spark's JVM keeps its temporary files (its java.io.tmpdir, which is also Spark's local
+    # directory unless spark.local.dir is set): a directory of its own under this root, removed on a
+    # clean stop and by the next processor to start after a SIGKILL (services/processor/scratch.py).
+    # Local disk: shuffle blocks go there. Default: <system temp dir>/streamforge-processor-<uid>.
     scratch_dir: str = ""
     # Default: <data_dir>/checkpoints, <data_dir>/savepoints, <data_dir>/jobs.
     checkpoint_dir: str = ""

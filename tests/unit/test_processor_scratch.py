@@ -127,6 +127,11 @@ def test_the_driver_jvm_keeps_its_temporary_files_in_the_scratch_directory(tmp_p
     # Spark's splitting of the options.
     assert conf[DRIVER_JAVA_OPTIONS] == f"-Xss4m '-Djava.io.tmpdir={spaced}'"
     assert DRIVER_JAVA_OPTIONS not in session_conf(ProcessorSettings())  # no scratch: nothing added
+    given = {DRIVER_JAVA_OPTIONS: "-Djava.io.tmpdir=/big/disk"}  # spark_conf's own wins
+    assert (
+        session_conf(ProcessorSettings(spark_conf=given), spaced)[DRIVER_JAVA_OPTIONS]
+        == given[DRIVER_JAVA_OPTIONS]
+    )
 
 
 def test_the_scratch_root_defaults_to_a_per_user_directory_in_the_system_temp_dir(tmp_path: Path) -> None:
