@@ -56,6 +56,24 @@ STATE_CLEANUP_PER_ROW = "spark.sql.streaming.statefulOperator.incrementalCleanup
 DRIVER_CLASS_PATH = "spark.driver.extraClassPath"
 
 
+AUTHENTICATE = "spark.authenticate"
+
+
+def local_auth_options(settings: ProcessorSettings) -> dict[str, str]:
+    """With a local master, Spark's own ports ask every caller for a secret (``spark.authenticate``).
+
+    The driver JVM listens on loopback for Spark's RPC and for its block manager's transfers (random
+    ports). Without authentication either answers any local process, and the RPC server hands the
+    bytes it is sent to Java deserialization (measured: a frame of zeros came back as
+    ``java.io.StreamCorruptedException: invalid stream header`` from ``JavaDeserializationStream``),
+    the JVM's pickle, on a port open to every local user. With it, a caller that does not open with
+    the SASL exchange is refused before anything is read (``Expected SaslMessage``). With a local
+    master Spark generates the secret itself and nothing outside the JVM needs it; a cluster master
+    needs the cluster's secret in ``spark_conf`` (README, The processor on a Spark cluster).
+    """
+    return {AUTHENTICATE: "true"} if settings.spark_master.startswith("local") else {}
+
+
 def local_fs_options(settings: ProcessorSettings) -> dict[str, str]:
     """Spark settings that give ``file:`` paths Hadoop's local file system without a `chmod` process
     per created file (services/processor/jvm/.../ForklessLocalFileSystem.java), or {} to keep Hadoop's.
@@ -93,6 +111,7 @@ def session_conf(settings: ProcessorSettings, scratch: Path | None = None) -> di
     conf = {
         REALTIME_SHUFFLE_FLUSH: str(settings.realtime_shuffle_flush_ms),
         STATE_CLEANUP_PER_ROW: str(settings.state_cleanup_per_row),
+        **local_auth_options(settings),
         **settings.spark_conf,
         **local_fs_options(settings),
     }
