@@ -85,6 +85,8 @@ def cmd_setup(args: argparse.Namespace) -> None:
     RedisServer(args.run_dir, args.redis_port).ensure_installed()
     _step("chromium (Debian package, for the dashboard's browser test)")
     apt.CHROMIUM.ensure_installed(log=_step)
+    _step("ss (Debian package iproute2, for the tests that list a JVM's ports)")
+    apt.SS.ensure_installed(log=_step)
     _done("set-up complete", t0)
 
 

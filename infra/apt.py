@@ -46,6 +46,8 @@ class DebianTool:
 
 REDIS_SERVER = DebianTool("redis-server", "redis-server")
 CHROMIUM = DebianTool("chromium", "chromium")
+# The security tests list which ports a JVM listens on (tests/security/test_spark_*.py).
+SS = DebianTool("ss", "iproute2")
 # Container images (infra/images.py): podman builds and runs them, runc is the runtime it is told to use,
 # mmdebstrap makes the Debian base image (no container registry is needed).
 PODMAN = DebianTool("podman", "podman")
