@@ -98,7 +98,8 @@ class ProcessorSettings(BaseServiceSettings):
     job_quarantine_crashes: int = Field(2, ge=0)
     # A processor that starts with no job first runs a throwaway job for this long (services/processor/
     # warmup.py), so a job it takes over starts on a warm JVM; 0: off. The single-machine stack sets
-    # it for its processor (20 s) and its standby (30 s): infra/stack.py.
+    # it for its processor (25 s) and its standby (35 s): infra/stack.py. It bounds the whole warm-up, the
+    # backlog's write included.
     warmup_s: float = Field(0, ge=0, le=600)
     # The warm-up job first drains a backlog of this many synthetic events (written at once before it
     # starts), so the JIT compiles the per-row code of a job catching up on a burst, not only a quiet

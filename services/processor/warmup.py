@@ -10,9 +10,9 @@ RocksDB state store and checkpointing. Measured on this 2-core machine
 So with ``SF_PROCESSOR_WARMUP_S`` > 0, a processor that resumed no job and was given no spec file
 produces synthetic events to a topic of its own (``_sf-warmup-<id>.valid``, the format ingest writes)
 and runs a windowed job over them (every kind of aggregate) through the same code path as every job,
-for that many seconds; then it stops the query and deletes the topics and the checkpoint. It
-registers with control only after that, so control never places a job on a processor still warming.
-A failure is logged and ignored: a cold standby is still a standby.
+within that many seconds (its backlog's write included); then it stops the query and deletes the
+topics and the checkpoint. It registers with control only after that, so control never places a job
+on a processor still warming. A failure is logged and ignored: a cold standby is still a standby.
 
 The events come in two parts. First a backlog (``SF_PROCESSOR_WARMUP_BACKLOG_EVENTS``, written at
 once before the query starts, event times over the minute before now), which the job drains in full
@@ -130,24 +130,33 @@ class Warmed(NamedTuple):
     events: int  # the events they read, the backlog's included
 
 
-def fill_backlog(bootstrap: str, topic: str, events: int, now_ms: int) -> int:
-    """``events`` events as ingest forwards them, their event times in order over the minute before
-    ``now_ms``, produced at once (~1 s for 300,000); returns how many were delivered."""
+def fill_backlog(bootstrap: str, topic: str, events: int, now_ms: int, deadline: float) -> int:
+    """Up to ``events`` events as ingest forwards them, their event times in order over the minute
+    before ``now_ms``, produced at once (~1 s for 300,000 on a quiet machine), until the monotonic
+    ``deadline``: on a loaded one the rest is left out, so that the warm-up keeps to its time. Returns
+    how many were sent by then (acknowledged by the broker)."""
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50, "batch.size": 1_000_000})
     start = now_ms - BACKLOG_SPAN_MS
-    for i in range(events):
-        key = f"p{i % BACKLOG_KEYS}"
-        value = _event(key, (i % 997) / 8, start + i * BACKLOG_SPAN_MS // events)
-        while True:
-            try:
-                producer.produce(topic, key=key.encode(), value=value)
+    produced = 0
+    while produced < events:
+        if produced % 1_000 == 0 and time.monotonic() >= deadline:
+            break
+        key = f"p{produced % BACKLOG_KEYS}"
+        value = _event(key, (produced % 997) / 8, start + produced * BACKLOG_SPAN_MS // events)
+        try:
+            producer.produce(topic, key=key.encode(), value=value)
+            produced += 1
+        except BufferError:  # librdkafka's queue is full: let it send
+            if time.monotonic() >= deadline:
                 break
-            except BufferError:  # librdkafka's queue is full: let it send
-                producer.poll(0.05)
-    left = producer.flush(30)
-    if left:
-        raise RuntimeError(f"{left} of the warm-up's {events} backlog events not delivered in 30 s")
-    return events
+            producer.poll(0.05)
+    left = producer.flush(max(0.0, deadline - time.monotonic()))
+    if left:  # not sent by the deadline: dropped (those already in flight may still land)
+        producer.purge()
+        producer.flush(1)
+    if produced < events or left:
+        log.info("warm-up backlog cut at its deadline: %d of %d events", produced - left, events)
+    return produced - left
 
 
 def events_read(progress: dict[str, Any] | None) -> int:
@@ -172,11 +181,11 @@ def warm_up(
     seconds: float = 0,
     workdir: Path | None = None,
 ) -> Warmed:
-    """Run the throwaway job for ``seconds`` (default ``settings.warmup_s``) over a backlog of
-    ``settings.warmup_backlog_events`` and then 1,000 events/s; returns what it ran (no batches when it
-    failed: logged, never raised). Its checkpoint goes in ``workdir`` (default: the data directory):
-    the processor gives its scratch directory, which the next start removes should this one be killed
-    during the warm-up."""
+    """Run the throwaway job over a backlog of ``settings.warmup_backlog_events`` and then 1,000
+    events/s, all within ``seconds`` (default ``settings.warmup_s``) but for the clean-up; returns
+    what it ran (no batches when it failed: logged, never raised). Its checkpoint goes in ``workdir``
+    (default: the data directory): the processor gives its scratch directory, which the next start
+    removes should this one be killed during the warm-up."""
     seconds = seconds or settings.warmup_s
     spec = warmup_spec(tag or uuid.uuid4().hex[:8])
     bootstrap = settings.kafka_bootstrap
@@ -189,15 +198,25 @@ def warm_up(
     began = time.monotonic()
     batches = rows = 0
     created = False
+    # The set-up (topics, then the backlog's write) gets at most half the time, the query the rest: on a
+    # loaded machine the backlog's write alone outlasted a 30 s warm-up (300,000 events, 28 s), and its
+    # processor registered late.
+    set_up_by = began + seconds / 2
     try:
         warm_case_mapping(spark)
         parent = workdir or Path(settings.data_dir)
         parent.mkdir(parents=True, exist_ok=True)
         checkpoint = Path(tempfile.mkdtemp(prefix="sf-warmup-", dir=parent))
-        ensure_topics(bootstrap, topics, partitions=1, timeout_s=10)
+        ensure_topics(
+            bootstrap, topics, partitions=1, timeout_s=min(10.0, max(1.0, set_up_by - time.monotonic()))
+        )
         created = True
         backlog = fill_backlog(
-            bootstrap, spec.source.valid_topic, settings.warmup_backlog_events, int(time.time() * 1000)
+            bootstrap,
+            spec.source.valid_topic,
+            settings.warmup_backlog_events,
+            int(time.time() * 1000),
+            deadline=set_up_by,
         )
         producer.start()
         query = start_query(
@@ -210,7 +229,7 @@ def warm_up(
             task_records=settings.max_records_per_read_task,
         )
         try:
-            query.awaitTermination(max(1, round(seconds)))
+            query.awaitTermination(max(1, round(began + seconds - time.monotonic())))
             progress = query.lastProgress
             batches = int(progress["batchId"]) + 1 if progress else 0
             rows = events_read(progress)
