@@ -136,6 +136,9 @@ def ingest_token(cfg: StackConfig) -> str:
 # starts their jobs at once instead. The time bounds all of it: case mapping, topics, the backlog's
 # write (~5 s on a quiet machine) and the throwaway job's batches.
 PROCESSOR_WARMUP_S = 25
+# A processor with no job, once registered, warms up this long on the shape of each job control runs
+# (services/processor/shapes.py), so that a job it takes over finds its code compiled.
+SHAPE_WARMUP_S = 30
 
 
 def service_env(cfg: StackConfig) -> dict[str, str]:
@@ -154,6 +157,7 @@ def service_env(cfg: StackConfig) -> dict[str, str]:
         **{f"SF_PROCESSOR_{k.upper()}": v for k, v in processor_jvm_settings().items()},
         "SF_PROCESSOR_SPARK_UI_PORT": str(cfg.spark_ui_port),
         "SF_PROCESSOR_WARMUP_S": str(PROCESSOR_WARMUP_S),
+        "SF_PROCESSOR_SHAPE_WARMUP_S": str(SHAPE_WARMUP_S),
         "SF_PROCESSOR_METRICS_PORT": str(processor_port),
         "SF_SINK_METRICS_PORT": str(sink_port),
         "SF_CONTROL_PORT": str(cfg.control_port),

@@ -178,11 +178,9 @@ class JobManager:
                 scheduled.append(self.dispatch.stop_job(job.id))
         digest = specs_digest(active_specs(jobs))
         for inst in live.values():
-            if (
-                inst.service != "processor"
-                and inst.streams_digest != digest
-                and now - inst.streams_attempt_ms >= self.settings.retry_backoff_ms
-            ):
+            # Ingest and the sink serve these streams; an idle processor warms up on their jobs' shapes.
+            due = now - inst.streams_attempt_ms >= self.settings.retry_backoff_ms
+            if inst.streams_digest != digest and due:
                 scheduled.append(self.dispatch.push_streams(inst.instance_id))
         if now - self._last_probe_ms >= self.settings.health_probe_interval_ms:
             self._last_probe_ms = now

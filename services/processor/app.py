@@ -26,10 +26,10 @@ from services.processor.jobs import JobManager, checkpoint_lease, stored_leases
 from services.processor.metrics import JobMetricsListener
 from services.processor.scratch import Scratch, claim
 from services.processor.settings import ProcessorSettings
+from services.processor.shapes import ShapeWarmer
 from services.processor.warmup import warm_up
 from shared.grpc_server import GrpcServices
 from shared.jobspec import JobSpec
-from shared.jobstate import ACTIVE_STATES
 from shared.proto import streamforge_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -198,6 +198,7 @@ class Processor:
         self._stop = threading.Event()
         self.spark: SparkSession | None = None
         self.manager: JobManager | None = None
+        self.warmer: ShapeWarmer | None = None
         self.scratch: Scratch | None = None
 
     def start(self) -> None:
@@ -216,13 +217,15 @@ class Processor:
         listener = JobMetricsListener(self.tracer)
         self.spark.streams.addListener(listener)
         self.manager = JobManager(self.spark, s, listener)
+        manager = self.manager
+        self.warmer = ShapeWarmer(self.spark, s, manager.idle, manager.command_lock, self.scratch.path)
+        self.manager.before_start = self.warmer.before_job_start
         given = {spec.id for spec in self.specs}
         self.manager.resume_stored(skip=given)
         for spec in self.specs:
             self.manager.start(spec)  # a spec file that does not start is a start-up error
         warm_s = warmup_seconds(s, yielded)
-        idle = not any(v.state in ACTIVE_STATES for v in self.manager.list())
-        if warm_s > 0 and idle and not self._stop.is_set():
+        if warm_s > 0 and self.manager.idle() and not self._stop.is_set():
             # Nothing runs here: warm the JVM before registering, so a job it takes over starts fast.
             warm_up(self.spark, s, seconds=warm_s, workdir=self.scratch.path)
 
@@ -258,8 +261,8 @@ class Processor:
 
     def grpc_services(self) -> GrpcServices:
         """JobCommands over this processor's jobs (start() first)."""
-        assert self.manager is not None, "start() first"
-        return grpc_services(self.manager)
+        assert self.manager is not None and self.warmer is not None, "start() first"
+        return grpc_services(self.manager, self.warmer)
 
     def job_statuses(self) -> list[pb.JobStatus]:
         """What ListJobs answers; heartbeats to control carry it."""
@@ -288,6 +291,8 @@ class Processor:
         # SIGTERM to the process group (how the stack stops services) reaches Spark's JVM too, which
         # then stops its queries by itself: a JVM already gone is a normal way to end here.
         try:
+            if self.warmer is not None:
+                self.warmer.close()
             if self.manager is not None:
                 self.manager.shutdown()
             if self.spark is not None:
@@ -295,6 +300,7 @@ class Processor:
         except (Py4JError, ConnectionError) as e:
             log.info("Spark's JVM had already stopped (%s)", type(e).__name__)
         self.manager = None
+        self.warmer = None
         self.spark = None
         if self.scratch is not None:
             self.scratch.release()

@@ -1,4 +1,5 @@
-"""gRPC: JobCommands (start, stop, stop with savepoint, status, list) and grpc.health.v1.
+"""gRPC: JobCommands (start, stop, stop with savepoint, status, list), StreamConfig (the active jobs'
+specs, for an idle processor's warm-ups: shapes.py) and grpc.health.v1.
 
 Errors map to status codes control acts on: a bad spec is INVALID_ARGUMENT, a job already running is
 ALREADY_EXISTS, an unknown job NOT_FOUND, a savepoint that cannot be read or taken FAILED_PRECONDITION
@@ -24,6 +25,7 @@ from services.processor.errors import (
 )
 from services.processor.jobs import JobManager, JobView
 from services.processor.leases import CheckpointBusyError
+from services.processor.shapes import ShapeWarmer
 from shared.errors import SpecError
 from shared.grpc_server import GrpcServices
 from shared.jobspec import JobSpec, spec_from_json, with_id
@@ -32,6 +34,7 @@ from shared.proto import streamforge_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 JOB_COMMANDS_SERVICE = "streamforge.v1.JobCommands"
+STREAM_CONFIG_SERVICE = "streamforge.v1.StreamConfig"
 T = TypeVar("T")
 
 
@@ -124,8 +127,28 @@ class JobCommandsService(pb_grpc.JobCommandsServicer):
         return pb.ListJobsResponse(jobs=[to_proto(v) for v in self.manager.list()])
 
 
-def grpc_services(manager: JobManager) -> GrpcServices:
-    return GrpcServices(
-        lambda server: pb_grpc.add_JobCommandsServicer_to_server(JobCommandsService(manager), server),
-        [JOB_COMMANDS_SERVICE],
-    )
+class StreamConfigService(pb_grpc.StreamConfigServicer):
+    """Control sends the specs of the active jobs: an idle processor warms up on their shapes."""
+
+    def __init__(self, warmer: ShapeWarmer) -> None:
+        self.warmer = warmer
+
+    def ApplyStreams(
+        self, request: pb.ApplyStreamsRequest, context: grpc.ServicerContext
+    ) -> pb.ApplyStreamsResponse:
+        try:
+            specs = [spec_from_json(text) for text in request.job_spec_json]
+        except SpecError as e:
+            _abort(context, e)
+        added = self.warmer.offer(specs)
+        if added:
+            log.info("control sent %d job specs: %d new shapes to warm up on while idle", len(specs), added)
+        return pb.ApplyStreamsResponse()
+
+
+def grpc_services(manager: JobManager, warmer: ShapeWarmer) -> GrpcServices:
+    def add(server: grpc.Server) -> None:
+        pb_grpc.add_JobCommandsServicer_to_server(JobCommandsService(manager), server)
+        pb_grpc.add_StreamConfigServicer_to_server(StreamConfigService(warmer), server)
+
+    return GrpcServices(add, [JOB_COMMANDS_SERVICE, STREAM_CONFIG_SERVICE])

@@ -18,10 +18,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from py4j.protocol import Py4JError
 from pyspark.errors import AnalysisException
@@ -170,6 +171,8 @@ class JobManager:
         self._leases: dict[str, CheckpointLease] = {}
         self._table_lock = threading.Lock()  # guards _jobs; held only briefly
         self._command_lock = threading.RLock()  # one start/stop/restart at a time
+        # Called before each start, outside the lock: an idle processor's warm-up gives way (shapes.py).
+        self.before_start: Callable[[], None] = lambda: None
 
     # --- paths ------------------------------------------------------------------------------------
     def checkpoint_dir(self, job_id: str) -> Path:
@@ -254,7 +257,17 @@ class JobManager:
         except AnalysisException as e:
             raise SpecError(f"job {spec.id}: Spark cannot run this spec: {_first_line(e)}") from None
 
+    @property
+    def command_lock(self) -> AbstractContextManager[Any]:
+        """Held by each start and stop; a warm-up's query starts inside it too (shapes.py)."""
+        return self._command_lock
+
+    def idle(self) -> bool:
+        """No job runs here (none active)."""
+        return not any(v.state in ACTIVE_STATES for v in self.list())
+
     def start(self, spec: JobSpec, from_savepoint: str = "", *, crashes: int = 0) -> JobView:
+        self.before_start()  # a warm-up gives way first (shapes.py)
         with self._command_lock:
             with self._table_lock:
                 current = self._jobs.get(spec.id)

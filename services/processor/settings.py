@@ -105,6 +105,13 @@ class ProcessorSettings(BaseServiceSettings):
     # starts), so the JIT compiles the per-row code of a job catching up on a burst, not only a quiet
     # job's per-batch code (warmup.py). 0: no backlog, 1,000 events/s only.
     warmup_backlog_events: int = Field(300_000, ge=0, le=5_000_000)
+    # A processor that runs no job warms up for this long on the shape of each job control reports
+    # (services/processor/shapes.py: the job's spec on topics of its own), so a job it takes over finds
+    # its generated code compiled; one shape at a time, each once; 0: off. The stack sets it for its
+    # processors (infra/stack.py).
+    shape_warmup_s: float = Field(0, ge=0, le=600)
+    # That warm-up's backlog (as warmup_backlog_events): the job's own per-row code, compiled.
+    shape_warmup_backlog_events: int = Field(300_000, ge=0, le=5_000_000)
     # A processor that comes back to find every job it ran held by another processor (control moved
     # them while it was down) waits up to this long before it starts Spark, and at once when one of
     # them is free again (its holder died: resumed here). On shared cores the start of a JVM takes a

@@ -29,9 +29,9 @@ Before that job it maps the case of a few strings, for a job it takes over that 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-import random
 import shutil
 import tempfile
 import threading
@@ -40,13 +40,15 @@ import uuid
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import orjson
 from confluent_kafka import KafkaException, Producer
 from pyspark.sql import SparkSession
 
 from services.processor.query import start_query
 from services.processor.settings import ProcessorSettings
 from shared import constants
-from shared.jobspec import JobSpec
+from shared.constants import join_key
+from shared.jobspec import FieldType, JobSpec, Source
 from shared.kafka import admin, ensure_topics
 
 log = logging.getLogger(__name__)
@@ -103,22 +105,49 @@ def warm_case_mapping(spark: SparkSession) -> list[tuple[str, str, str]]:
     return [(r.l, r.u, r.t) for r in spark.range(1).selectExpr(*CASE_MAPPINGS).collect()]
 
 
-def _event(key: str, latency: float, ts_ms: int) -> bytes:
-    """One warm-up event as ingest forwards it: the declared fields in order, event time in epoch ms."""
-    return f'{{"page":"{key}","latency":{latency},"ts":{ts_ms}}}'.encode()
+class Synthetic:
+    """Events for a source as ingest forwards them to ``<topic>.valid``: its declared fields in
+    order, timestamps in epoch ms, keyed by its key fields (shared.constants.join_key). The ``i``-th
+    event's key is one of ``keys``; its other values cycle over a few hundred."""
+
+    def __init__(self, source: Source, keys: int) -> None:
+        self.source = source
+        self.keys = keys
+
+    def _value(self, name: str, kind: FieldType, i: int, ts_ms: int) -> str | int | float | bool:
+        if kind == FieldType.TIMESTAMP:
+            return ts_ms
+        n = i % self.keys if name in self.source.key else i % 997
+        if kind == FieldType.STRING:
+            return f"{name[0]}{n}"
+        if kind == FieldType.LONG:
+            return n
+        if kind == FieldType.DOUBLE:
+            return n / 8
+        return n % 2 == 0  # BOOLEAN
+
+    def record(self, i: int, ts_ms: int) -> tuple[bytes, bytes]:
+        """The ``i``-th event's record key and value."""
+        values = {name: self._value(name, kind, i, ts_ms) for name, kind in self.source.fields.items()}
+        key = join_key([_text(values[k]) for k in self.source.key])
+        return key.encode(), orjson.dumps(values)
 
 
-def _produce(bootstrap: str, topic: str, stop: threading.Event) -> int:
-    """Events as ingest forwards them (key, JSON value, event time in epoch ms) until ``stop``."""
+def _text(value: str | int | float | bool) -> str:
+    return value if isinstance(value, str) else orjson.dumps(value).decode()
+
+
+def _produce(bootstrap: str, topic: str, events: Synthetic, stop: threading.Event) -> int:
+    """Events at WARMUP_EVENTS_PER_S, their event times now, until ``stop``."""
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
     sent = 0
     started = time.monotonic()
     while not stop.wait(0.05):
         due = int((time.monotonic() - started) * WARMUP_EVENTS_PER_S) - sent
         now_ms = int(time.time() * 1000)
-        for _ in range(due):
-            key = f"p{random.randrange(WARMUP_KEYS)}"
-            producer.produce(topic, key=key.encode(), value=_event(key, random.random() * 100, now_ms))
+        for i in range(sent, sent + due):
+            key, value = events.record(i, now_ms)
+            producer.produce(topic, key=key, value=value)
         sent += max(due, 0)
         producer.poll(0)
     producer.flush(10)
@@ -130,21 +159,29 @@ class Warmed(NamedTuple):
     events: int  # the events they read, the backlog's included
 
 
-def fill_backlog(bootstrap: str, topic: str, events: int, now_ms: int, deadline: float) -> int:
-    """Up to ``events`` events as ingest forwards them, their event times in order over the minute
-    before ``now_ms``, produced at once (~1 s for 300,000 on a quiet machine), until the monotonic
-    ``deadline``: on a loaded one the rest is left out, so that the warm-up keeps to its time. Returns
-    how many were sent by then (acknowledged by the broker)."""
+def fill_backlog(
+    bootstrap: str,
+    topic: str,
+    events: int,
+    now_ms: int,
+    deadline: float,
+    synthetic: Synthetic | None = None,
+    cancel: threading.Event | None = None,
+) -> int:
+    """Up to ``events`` events (default: the warm-up job's), their event times in order over the
+    minute before ``now_ms``, produced at once (~1 s for 300,000 on a quiet machine), until the
+    monotonic ``deadline`` or ``cancel``: on a loaded machine the rest is left out, so that the
+    warm-up keeps to its time. Returns how many were sent by then (acknowledged by the broker)."""
+    synthetic = synthetic or Synthetic(warmup_spec("x").source, BACKLOG_KEYS)
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50, "batch.size": 1_000_000})
     start = now_ms - BACKLOG_SPAN_MS
     produced = 0
     while produced < events:
-        if produced % 1_000 == 0 and time.monotonic() >= deadline:
+        if produced % 1_000 == 0 and (time.monotonic() >= deadline or (cancel and cancel.is_set())):
             break
-        key = f"p{produced % BACKLOG_KEYS}"
-        value = _event(key, (produced % 997) / 8, start + produced * BACKLOG_SPAN_MS // events)
+        key, value = synthetic.record(produced, start + produced * BACKLOG_SPAN_MS // events)
         try:
-            producer.produce(topic, key=key.encode(), value=value)
+            producer.produce(topic, key=key, value=value)
             produced += 1
         except BufferError:  # librdkafka's queue is full: let it send
             if time.monotonic() >= deadline:
@@ -174,26 +211,66 @@ def events_read(progress: dict[str, Any] | None) -> int:
     return total
 
 
+def shaped_like(spec: JobSpec, tag: str) -> JobSpec | None:
+    """The job ``spec`` on warm-up topics of its own under a warm-up id: the same plan, so the same
+    generated code (Spark caches a compiled class by its source text). None for a join, whose two
+    streams the warm-up does not make."""
+    if spec.join is not None:
+        return None
+    topic = f"_sf-warmup-{tag}"
+    return spec.model_copy(
+        update={
+            "id": f"{constants.WARMUP_JOB_PREFIX}{tag}",
+            "name": None,
+            "source": spec.source.model_copy(update={"topic": topic}),
+            "output_topic": f"{topic}.out",
+        }
+    )
+
+
+def shape_of(spec: JobSpec) -> str:
+    """What a job's plan depends on: its spec but for its id, name and topics."""
+    shaped = shaped_like(spec, "x")
+    return shaped.model_dump_json(by_alias=True) if shaped is not None else ""
+
+
 def warm_up(
     spark: SparkSession,
     settings: ProcessorSettings,
     tag: str = "",
     seconds: float = 0,
     workdir: Path | None = None,
+    *,
+    like: JobSpec | None = None,
+    backlog: int | None = None,
+    cancel: threading.Event | None = None,
+    starting: contextlib.AbstractContextManager[Any] | None = None,
 ) -> Warmed:
-    """Run the throwaway job over a backlog of ``settings.warmup_backlog_events`` and then 1,000
-    events/s, all within ``seconds`` (default ``settings.warmup_s``) but for the clean-up; returns
-    what it ran (no batches when it failed: logged, never raised). Its checkpoint goes in ``workdir``
-    (default: the data directory): the processor gives its scratch directory, which the next start
-    removes should this one be killed during the warm-up."""
+    """Run the throwaway job over a backlog of ``backlog`` events (default
+    ``settings.warmup_backlog_events``) and then 1,000 events/s, all within ``seconds`` (default
+    ``settings.warmup_s``) but for the clean-up, or until ``cancel`` is set; returns what it ran (no
+    batches when it failed: logged, never raised). The job is ``warmup_spec``'s, or ``like`` on
+    warm-up topics (``shaped_like``). Its query starts inside ``starting`` (the processor's command
+    lock, when jobs may start meanwhile). Its checkpoint goes in ``workdir`` (default: the data
+    directory): the processor gives its scratch directory, which the next start removes should this
+    one be killed during the warm-up."""
     seconds = seconds or settings.warmup_s
-    spec = warmup_spec(tag or uuid.uuid4().hex[:8])
+    backlog_events = settings.warmup_backlog_events if backlog is None else backlog
+    tag = tag or uuid.uuid4().hex[:8]
+    spec = shaped_like(like, tag) if like is not None else warmup_spec(tag)
+    if spec is None:
+        log.info("no warm-up on the shape of job %s: a join", like.id if like else "")
+        return Warmed(0, 0)
+    cancelled = cancel or threading.Event()
     bootstrap = settings.kafka_bootstrap
     topics = [spec.source.valid_topic, spec.output_topic]
     checkpoint: Path | None = None
     stop = threading.Event()
     producer = threading.Thread(
-        target=_produce, args=(bootstrap, spec.source.valid_topic, stop), name="warmup-producer", daemon=True
+        target=_produce,
+        args=(bootstrap, spec.source.valid_topic, Synthetic(spec.source, WARMUP_KEYS), stop),
+        name="warmup-producer",
+        daemon=True,
     )
     began = time.monotonic()
     batches = rows = 0
@@ -211,37 +288,52 @@ def warm_up(
             bootstrap, topics, partitions=1, timeout_s=min(10.0, max(1.0, set_up_by - time.monotonic()))
         )
         created = True
-        backlog = fill_backlog(
+        sent = fill_backlog(
             bootstrap,
             spec.source.valid_topic,
-            settings.warmup_backlog_events,
+            backlog_events,
             int(time.time() * 1000),
             deadline=set_up_by,
+            synthetic=Synthetic(spec.source, BACKLOG_KEYS),
+            cancel=cancelled,
         )
+        if cancelled.is_set():
+            raise WarmUpCancelled
         producer.start()
-        query = start_query(
-            spark,
-            spec,
-            bootstrap,
-            str(checkpoint),
-            settings.max_offsets_per_trigger,
-            epoch=0,
-            task_records=settings.max_records_per_read_task,
-        )
+        with starting or contextlib.nullcontext():
+            query = start_query(
+                spark,
+                spec,
+                bootstrap,
+                str(checkpoint),
+                settings.max_offsets_per_trigger,
+                epoch=0,
+                task_records=settings.max_records_per_read_task,
+            )
         try:
-            query.awaitTermination(max(1, round(began + seconds - time.monotonic())))
+            end = began + seconds
+            while (left := end - time.monotonic()) > 0 and not cancelled.wait(min(left, 0.25)):
+                if not query.isActive:
+                    break
+            failure = query.exception()
+            if failure is not None:
+                raise failure
             progress = query.lastProgress
             batches = int(progress["batchId"]) + 1 if progress else 0
             rows = events_read(progress)
         finally:
             query.stop()
         log.info(
-            "warmed up in %.1f s: %d batches of a throwaway job, %d events read (a backlog of %d first)",
+            "warmed up%s in %.1f s: %d batches of a throwaway job%s, %d events read (a backlog of %d first)",
+            " (cancelled: a job starts here)" if cancelled.is_set() else "",
             time.monotonic() - began,
             batches,
+            f" shaped like job {like.id}" if like is not None else "",
             rows,
-            backlog,
+            sent,
         )
+    except WarmUpCancelled:
+        log.info("warm-up cancelled after %.1f s: a job starts here", time.monotonic() - began)
     except Exception as e:  # a cold standby still works: say so and go on
         log.warning(
             "warm-up failed after %.1f s (%s: %s); starting cold",
@@ -259,6 +351,10 @@ def warm_up(
             _delete_topics(bootstrap, topics)
         _collect_garbage(spark)
     return Warmed(batches, rows)
+
+
+class WarmUpCancelled(Exception):
+    """A job starts on this processor: the warm-up gives way."""
 
 
 def _collect_garbage(spark: SparkSession) -> None:

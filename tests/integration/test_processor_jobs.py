@@ -7,6 +7,8 @@ plain-Python oracle; versions must keep growing across every restore.
 
 from __future__ import annotations
 
+import random
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,12 +30,14 @@ from services.processor.leases import LEASE_NAME, CheckpointBusyError, Checkpoin
 from services.processor.metrics import JobMetricsListener
 from services.processor.query import start_query
 from services.processor.settings import ProcessorSettings
+from services.processor.shapes import ShapeWarmer
 from services.processor.store import StoredJob
 from services.processor.tracing import TRACE_NUMBERS, TRACE_TEXT
 from services.processor.versions import BATCH_VERSIONS, ROW_VERSIONS, split_version
-from services.processor.warmup import warm_up, warmup_spec
+from services.processor.warmup import events_read, warm_up, warmup_spec
+from shared import constants
 from shared.grpc_server import HealthServedGrpcServer
-from shared.jobspec import parse_job_spec
+from shared.jobspec import JobSpec, parse_job_spec, with_id
 from shared.kafka import admin, ensure_topics
 from shared.proto import streamforge_pb2 as pb
 from shared.proto import streamforge_pb2_grpc as pb_grpc
@@ -85,7 +89,8 @@ def processor(
     listener = JobMetricsListener(setup_tracing("processor", settings, exporter=SPANS))
     spark.streams.addListener(listener)
     manager = JobManager(spark, settings, listener)
-    server = HealthServedGrpcServer("processor", "127.0.0.1", 0, grpc_services(manager))
+    warmer = ShapeWarmer(spark, settings, manager.idle, manager.command_lock, tmp_path / "scratch")
+    server = HealthServedGrpcServer("processor", "127.0.0.1", 0, grpc_services(manager, warmer))
     server.start()
     channel = grpc.insecure_channel(server.address)
     try:
@@ -447,6 +452,110 @@ def _full_collections(session: SparkSession) -> int:
     assert jvm is not None
     beans = jvm.java.lang.management.ManagementFactory.getGarbageCollectorMXBeans()
     return sum(b.getCollectionCount() for b in beans if "Old" in b.getName())
+
+
+def _compilations(session: SparkSession) -> int:
+    """How many classes Spark's code generation has compiled in this JVM: its code cache's misses."""
+    jvm = session.sparkContext._jvm
+    assert jvm is not None
+    return int(jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME().getCount())
+
+
+def _job_of_its_own(job_id: str, topic: str, factor: int) -> JobSpec:
+    """A job whose code no other test compiles: a derived column with a literal of its own. One
+    batch an hour: its first batch is all a test runs (each later batch compiles a predicate of its
+    own watermark, whatever ran before)."""
+    return parse_job_spec(
+        spec_json(
+            job_id,
+            topic,
+            derive={"weight": f"length(page) * {factor}"},
+            aggregations=[{"fn": "count", "as": "views"}, {"fn": "sum", "field": "weight", "as": "w"}],
+            trigger_interval="1h",
+        )
+    )
+
+
+def _compiled_by_first_batch(session: SparkSession, spec: JobSpec, bootstrap: str, checkpoint: Path) -> int:
+    """Run the job's first batch over 50 events; returns how many classes that compiled."""
+    ensure_topics(bootstrap, [spec.source.valid_topic, spec.output_topic], partitions=1)
+    events = [(b"p%d" % i, b'{"page":"p%d","ts":%d}' % (i, BASE + i)) for i in range(50)]
+    produce_keyed(bootstrap, spec.source.valid_topic, events)
+    before = _compilations(session)
+    query = start_query(session, spec, bootstrap, str(checkpoint), 10_000)
+    try:
+        deadline = time.monotonic() + 120
+        while query.lastProgress is None:
+            assert query.isActive and time.monotonic() < deadline, query.exception()
+            time.sleep(0.2)
+        assert events_read(query.lastProgress) == 50
+    finally:
+        query.stop()
+    return _compilations(session) - before
+
+
+def test_a_warm_up_shaped_like_a_job_leaves_that_jobs_code_compiled(
+    spark: SparkSession,  # noqa: F811
+    kafka_bootstrap: str,
+    tmp_path: Path,
+    unique: str,
+) -> None:
+    """services/processor/shapes.py: an idle processor given the specs of running jobs runs each shape
+    once; a job of that shape starting there afterwards compiles none of its code."""
+    settings = ProcessorSettings(
+        kafka_bootstrap=kafka_bootstrap,
+        data_dir=str(tmp_path / "data"),
+        shape_warmup_s=20,
+        shape_warmup_backlog_events=5_000,
+    )
+    warmer = ShapeWarmer(spark, settings, lambda: True, threading.RLock(), tmp_path / "scratch")
+    factor = random.randrange(10**6, 10**7)
+    warm = _job_of_its_own(f"{unique}-w", f"{unique}-w", factor)
+    try:
+        # Two jobs of one shape: one warm-up.
+        assert warmer.offer([warm, with_id(warm, f"{unique}-w2")]) == 1
+        deadline = time.monotonic() + 120
+        while warmer.warmed < 1:
+            assert time.monotonic() < deadline, "the shape was not warmed up on in 120 s"
+            time.sleep(0.5)
+        assert warmer.offer([warm]) == 0  # warmed once only
+    finally:
+        warmer.close()
+    warm_compiled = _compiled_by_first_batch(spark, warm, kafka_bootstrap, tmp_path / "warm")
+    # The same kind of job with another literal, never warmed up on: its first batch compiles its code.
+    cold = _job_of_its_own(f"{unique}-c", f"{unique}-c", factor + 1)
+    cold_compiled = _compiled_by_first_batch(spark, cold, kafka_bootstrap, tmp_path / "cold")
+    assert cold_compiled > 0
+    assert warm_compiled == 0, (warm_compiled, cold_compiled)
+
+
+def test_a_job_starting_stops_a_shape_warm_up_first(
+    spark: SparkSession,  # noqa: F811
+    kafka_bootstrap: str,
+    tmp_path: Path,
+    unique: str,
+) -> None:
+    settings = ProcessorSettings(
+        kafka_bootstrap=kafka_bootstrap,
+        data_dir=str(tmp_path / "data"),
+        shape_warmup_s=300,
+        shape_warmup_backlog_events=0,
+    )
+    warmer = ShapeWarmer(spark, settings, lambda: True, threading.RLock(), tmp_path / "scratch")
+    spec = _job_of_its_own(unique, unique, random.randrange(10**6, 10**7))
+    try:
+        assert warmer.offer([spec]) == 1
+        deadline = time.monotonic() + 120
+        while not [q for q in spark.streams.active if (q.name or "").startswith(constants.WARMUP_JOB_PREFIX)]:
+            assert time.monotonic() < deadline, "no warm-up query ran in 120 s"
+            time.sleep(0.2)
+        began = time.monotonic()
+        warmer.before_job_start()  # what JobManager.start calls first
+        assert time.monotonic() - began < 30  # its query stopped, not its 300 s run out
+        assert not [q for q in spark.streams.active if (q.name or "").startswith(constants.WARMUP_JOB_PREFIX)]
+        assert warmer.warmed == 0  # cut short: not counted as warmed
+    finally:
+        warmer.close()
 
 
 def test_a_warm_up_that_cannot_reach_kafka_is_given_up_not_raised(

@@ -90,6 +90,8 @@ def test_each_certificate_may_call_only_what_its_service_allows(stack: StackConf
         assert _health(control) == health_pb2.HealthCheckResponse.SERVING
         listed = pb_grpc.JobCommandsStub(control).ListJobs(pb.ListJobsRequest(), timeout=10)
         assert "sec-views" in [j.job_id for j in listed.jobs]  # the shared stack may run other tests' jobs
+        # The specs of the active jobs (an idle processor warms up on their shapes): control's to send.
+        pb_grpc.StreamConfigStub(control).ApplyStreams(pb.ApplyStreamsRequest(job_spec_json=[]), timeout=10)
     with _as(stack, "sink", "processor") as sink:
         assert _health(sink) == health_pb2.HealthCheckResponse.SERVING  # health: any identity of the CA
         # A sink may not stop a job, nor start one control does not know (the hijack of issue 11).
@@ -97,6 +99,10 @@ def test_each_certificate_may_call_only_what_its_service_allows(stack: StackConf
         error = _refused(lambda: pb_grpc.JobCommandsStub(sink).StopJob(stop, timeout=5))
         assert error.code() == grpc.StatusCode.PERMISSION_DENIED
         assert "sink may not call streamforge.v1.JobCommands/StopJob" in (error.details() or "")
+        # Nor send it job specs to warm up on (services/processor/shapes.py): control's alone.
+        apply = pb.ApplyStreamsRequest(job_spec_json=[])
+        error = _refused(lambda: pb_grpc.StreamConfigStub(sink).ApplyStreams(apply, timeout=5))
+        assert error.code() == grpc.StatusCode.PERMISSION_DENIED
     with _as(stack, "processor", "ingest") as processor:
         apply = pb.ApplyStreamsRequest(job_spec_json=[])
         error = _refused(lambda: pb_grpc.StreamConfigStub(processor).ApplyStreams(apply, timeout=5))

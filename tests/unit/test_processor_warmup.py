@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
-from services.processor.warmup import events_read, fill_backlog
+import orjson
+
+from services.processor.warmup import Synthetic, events_read, fill_backlog, shape_of, shaped_like
+from shared.jobspec import JobSpec
 
 
 def test_the_events_read_are_the_sources_end_offsets_however_many_reports_spark_kept() -> None:
@@ -30,3 +34,66 @@ def test_the_backlog_stops_at_its_deadline_and_counts_only_what_was_sent() -> No
     sent = fill_backlog("127.0.0.1:1", "_sf-warmup-x.valid", 300_000, 1_000_000, deadline=began + 1)
     assert sent == 0
     assert time.monotonic() - began < 10  # the deadline, plus the purge's 1 s and a loaded machine's slack
+
+
+SPEC: dict[str, Any] = {
+    "id": "views",
+    "source": {
+        "topic": "clicks",
+        "fields": {"page": "string", "region": "string", "n": "long", "ok": "boolean", "ts": "timestamp"},
+        "key": ["page", "region"],
+        "event_time": {"field": "ts"},
+    },
+    "window": {"type": "tumbling", "size": "10s"},
+    "aggregations": [{"fn": "count", "as": "views"}, {"fn": "sum", "field": "n", "as": "total"}],
+    "output_topic": "views.out",
+}
+
+
+def test_a_shaped_warm_up_runs_the_jobs_plan_on_topics_of_its_own() -> None:
+    spec = JobSpec.model_validate(SPEC)
+    shaped = shaped_like(spec, "abc")
+    assert shaped is not None
+    assert shaped.id == "sf-warmup-abc" and shaped.name is None
+    assert shaped.source.topic == "_sf-warmup-abc" and shaped.output_topic == "_sf-warmup-abc.out"
+    # Everything the plan is built from is the job's.
+    assert shaped.model_dump(exclude={"id", "source", "output_topic"}) == spec.model_dump(
+        exclude={"id", "source", "output_topic"}
+    )
+    assert shaped.source.fields == spec.source.fields and shaped.source.key == spec.source.key
+
+
+def test_jobs_that_differ_only_in_id_and_topics_have_one_shape() -> None:
+    spec = JobSpec.model_validate(SPEC)
+    renamed = JobSpec.model_validate(
+        {
+            **SPEC,
+            "id": "other",
+            "name": "x",
+            "source": {**SPEC["source"], "topic": "t2"},
+            "output_topic": "o2",
+        }
+    )
+    assert shape_of(spec) == shape_of(renamed)
+    wider = JobSpec.model_validate({**SPEC, "window": {"type": "tumbling", "size": "20s"}})
+    assert shape_of(wider) != shape_of(spec)
+    joined = JobSpec.model_validate(
+        {
+            **SPEC,
+            "window": None,
+            "aggregations": [],
+            "join": {"source": {**SPEC["source"], "topic": "other"}, "within": "10s"},
+        }
+    )
+    assert shaped_like(joined, "x") is None and shape_of(joined) == ""
+
+
+def test_synthetic_events_have_the_sources_fields_in_order_and_its_key() -> None:
+    source = JobSpec.model_validate(SPEC).source
+    events = Synthetic(source, keys=3)
+    key, value = events.record(4, 1_700_000_000_000)
+    parsed = orjson.loads(value)
+    assert list(parsed) == ["page", "region", "n", "ok", "ts"]
+    assert parsed == {"page": "p1", "region": "r1", "n": 4, "ok": True, "ts": 1_700_000_000_000}
+    assert key == b"p1|r1"  # shared.constants.join_key of the key fields
+    assert {events.record(i, 0)[0] for i in range(30)} == {b"p0|r0", b"p1|r1", b"p2|r2"}
