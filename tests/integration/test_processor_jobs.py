@@ -494,6 +494,19 @@ def _compiled_by_first_batch(session: SparkSession, spec: JobSpec, bootstrap: st
     return _compilations(session) - before
 
 
+def _idle_warmer(
+    session: SparkSession, bootstrap: str, tmp_path: Path, seconds: float, backlog: int
+) -> ShapeWarmer:
+    """The shape warm-ups of a processor that runs no job."""
+    settings = ProcessorSettings(
+        kafka_bootstrap=bootstrap,
+        data_dir=str(tmp_path / "data"),
+        shape_warmup_s=seconds,
+        shape_warmup_backlog_events=backlog,
+    )
+    return ShapeWarmer(session, settings, lambda: True, threading.RLock(), tmp_path / "scratch")
+
+
 def test_a_warm_up_shaped_like_a_job_leaves_that_jobs_code_compiled(
     spark: SparkSession,  # noqa: F811
     kafka_bootstrap: str,
@@ -502,13 +515,7 @@ def test_a_warm_up_shaped_like_a_job_leaves_that_jobs_code_compiled(
 ) -> None:
     """services/processor/shapes.py: an idle processor given the specs of running jobs runs each shape
     once; a job of that shape starting there afterwards compiles none of its code."""
-    settings = ProcessorSettings(
-        kafka_bootstrap=kafka_bootstrap,
-        data_dir=str(tmp_path / "data"),
-        shape_warmup_s=20,
-        shape_warmup_backlog_events=5_000,
-    )
-    warmer = ShapeWarmer(spark, settings, lambda: True, threading.RLock(), tmp_path / "scratch")
+    warmer = _idle_warmer(spark, kafka_bootstrap, tmp_path, seconds=20, backlog=5_000)
     factor = random.randrange(10**6, 10**7)
     warm = _job_of_its_own(f"{unique}-w", f"{unique}-w", factor)
     try:
@@ -535,13 +542,7 @@ def test_a_job_starting_stops_a_shape_warm_up_first(
     tmp_path: Path,
     unique: str,
 ) -> None:
-    settings = ProcessorSettings(
-        kafka_bootstrap=kafka_bootstrap,
-        data_dir=str(tmp_path / "data"),
-        shape_warmup_s=300,
-        shape_warmup_backlog_events=0,
-    )
-    warmer = ShapeWarmer(spark, settings, lambda: True, threading.RLock(), tmp_path / "scratch")
+    warmer = _idle_warmer(spark, kafka_bootstrap, tmp_path, seconds=300, backlog=0)
     spec = _job_of_its_own(unique, unique, random.randrange(10**6, 10**7))
     try:
         assert warmer.offer([spec]) == 1
