@@ -122,8 +122,9 @@ class FakeInstance:
         self.server.stop(0).wait()
 
 
-class FakeProcessor(FakeInstance, pb_grpc.JobCommandsServicer):
-    """JobCommands over a dict of running jobs; reports them in heartbeats like the real processor."""
+class FakeProcessor(FakeInstance, pb_grpc.JobCommandsServicer, pb_grpc.StreamConfigServicer):
+    """JobCommands over a dict of running jobs; reports them in heartbeats like the real processor.
+    Records the specs control pushes (StreamConfig: the real one warms up on their shapes)."""
 
     service = "processor"
 
@@ -140,11 +141,19 @@ class FakeProcessor(FakeInstance, pb_grpc.JobCommandsServicer):
         self.failed: dict[str, str] = {}  # job -> message: reported FAILED in heartbeats
         self.restarting: dict[str, str] = {}  # job -> message: reported FAILING (restarting itself)
         self.batch_id = 0
+        self.applied: list[list[str]] = []
         self._lock = threading.Lock()
         super().__init__(control_target, instance_id)
 
     def add_servicers(self) -> None:
         pb_grpc.add_JobCommandsServicer_to_server(self, self.server)
+        pb_grpc.add_StreamConfigServicer_to_server(self, self.server)
+
+    def ApplyStreams(
+        self, request: pb.ApplyStreamsRequest, context: grpc.ServicerContext
+    ) -> pb.ApplyStreamsResponse:
+        self.applied.append(list(request.job_spec_json))
+        return pb.ApplyStreamsResponse()
 
     def jobs(self) -> list[pb.JobStatus]:
         with self._lock:

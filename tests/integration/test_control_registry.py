@@ -412,6 +412,19 @@ def test_specs_of_active_jobs_are_pushed_to_ingest_and_sink(
     assert old is not None and old.health == "alive" and "UNIMPLEMENTED" in old.streams_error
 
 
+def test_processors_get_the_specs_of_active_jobs_too(
+    plane: ControlPlane, instances: list[FakeInstance], unique: str
+) -> None:
+    """An idle processor warms up on the running jobs' shapes (services/processor/shapes.py)."""
+    processor: FakeProcessor = start(FakeProcessor(plane.grpc_target), instances)
+    wait_until(lambda: processor.applied, what="the first push (no jobs yet)")
+    assert processor.applied[-1] == []
+    plane.manager.submit(job_spec(unique))
+    wait_until(lambda: processor.applied[-1] != [], what="the processor to get the spec")
+    (pushed,) = processor.applied[-1]
+    assert JobSpec.model_validate_json(pushed) == job_spec(unique)
+
+
 def test_a_replica_restarted_at_the_same_address_gets_a_fresh_channel_and_its_streams(
     plane: ControlPlane, instances: list[FakeInstance]
 ) -> None:
