@@ -60,6 +60,8 @@ class ShapeWarmer:
         self._not_running = threading.Event()
         self._not_running.set()
         self._last_start = float("-inf")
+        self._offered_at = float("-inf")
+        self._current: str | None = None  # the shape being warmed up on
         self._closed = False
         self._thread: threading.Thread | None = None
 
@@ -79,12 +81,14 @@ class ShapeWarmer:
                 if spec.id.startswith(constants.WARMUP_JOB_PREFIX):
                     continue
                 shape = shape_of(spec)
-                if not shape or shape in self._warmed or shape in self._pending:
+                if not shape or shape in self._warmed or shape in self._pending or shape == self._current:
                     continue
                 if len(self._pending) >= MAX_PENDING:
                     break
                 self._pending[shape] = spec
                 added += 1
+            if added:
+                self._offered_at = time.monotonic()
             if added and self._thread is None and not self._closed:
                 self._thread = threading.Thread(target=self._run, name="shape-warmup", daemon=True)
                 self._thread.start()
@@ -107,26 +111,29 @@ class ShapeWarmer:
             self._thread.join(timeout=CANCEL_WAIT_S)
 
     def _next(self) -> tuple[str, JobSpec] | None:
-        """The next shape to warm, once the processor has been idle for SHAPE_WARMUP_DELAY_S since
-        the specs came and since a job last started here; None when closed."""
+        """The next shape to warm, once SHAPE_WARMUP_DELAY_S have passed since the specs came and
+        since a job last started here, while no job runs here; None when closed."""
         with self._cv:
-            while True:
-                if self._closed:
-                    return None
-                if self._pending:
-                    self._cv.wait(SHAPE_WARMUP_DELAY_S)
-                    if self._closed:
-                        return None
-                    # Cleared before the checks: a start that cancels after this is seen by the warm-up.
-                    self._cancel.clear()
-                    recent = time.monotonic() - self._last_start < SHAPE_WARMUP_DELAY_S
-                    if self._pending and not recent and self._idle():
-                        self._not_running.clear()
-                        return self._pending.popitem()
-                    if not self._idle():
-                        self._cv.wait()  # jobs run here: until the next offer
+            while not self._closed:
+                if not self._pending:
+                    self._cv.wait()
                     continue
-                self._cv.wait()
+                wait_s = max(self._offered_at, self._last_start) + SHAPE_WARMUP_DELAY_S - time.monotonic()
+                if wait_s > 0:
+                    self._cv.wait(wait_s)
+                    continue
+                # Cleared before the checks: a start that cancels after this is seen by the warm-up.
+                self._cancel.clear()
+                if time.monotonic() - self._last_start < SHAPE_WARMUP_DELAY_S:
+                    continue  # a job started in between
+                if not self._idle():
+                    self._cv.wait()  # jobs run here: until the next offer
+                    continue
+                self._not_running.clear()
+                shape, spec = self._pending.popitem()
+                self._current = shape
+                return shape, spec
+            return None
 
     def _run(self) -> None:
         while (item := self._next()) is not None:
@@ -145,6 +152,7 @@ class ShapeWarmer:
             finally:
                 self._not_running.set()
             with self._cv:
+                self._current = None
                 if self._cancel.is_set():
                     self._pending.setdefault(shape, spec)  # not warmed: again when idle
                 elif len(self._warmed) < MAX_WARMED:

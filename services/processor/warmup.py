@@ -280,6 +280,8 @@ def warm_up(
     # processor registered late.
     set_up_by = began + seconds / 2
     try:
+        if cancelled.is_set():
+            raise WarmUpCancelled
         warm_case_mapping(spark)
         parent = workdir or Path(settings.data_dir)
         parent.mkdir(parents=True, exist_ok=True)
