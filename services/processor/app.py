@@ -216,10 +216,9 @@ class Processor:
         )
         listener = JobMetricsListener(self.tracer)
         self.spark.streams.addListener(listener)
-        self.manager = JobManager(self.spark, s, listener)
-        manager = self.manager
+        self.manager = manager = JobManager(self.spark, s, listener)
         self.warmer = ShapeWarmer(self.spark, s, manager.idle, manager.command_lock, self.scratch.path)
-        self.manager.before_start = self.warmer.before_job_start
+        manager.before_start = self.warmer.before_job_start
         given = {spec.id for spec in self.specs}
         self.manager.resume_stored(skip=given)
         for spec in self.specs:

@@ -113,11 +113,15 @@ class Synthetic:
     def __init__(self, source: Source, keys: int) -> None:
         self.source = source
         self.keys = keys
+        # Per field, once: its name, type and whether it is a key field (each event only looks these up).
+        self._fields = [(name, kind, name in source.key) for name, kind in source.fields.items()]
 
-    def _value(self, name: str, kind: FieldType, i: int, ts_ms: int) -> str | int | float | bool:
+    def _value(
+        self, name: str, kind: FieldType, is_key: bool, i: int, ts_ms: int
+    ) -> str | int | float | bool:
         if kind == FieldType.TIMESTAMP:
             return ts_ms
-        n = i % self.keys if name in self.source.key else i % 997
+        n = i % self.keys if is_key else i % 997
         if kind == FieldType.STRING:
             return f"{name[0]}{n}"
         if kind == FieldType.LONG:
@@ -128,13 +132,10 @@ class Synthetic:
 
     def record(self, i: int, ts_ms: int) -> tuple[bytes, bytes]:
         """The ``i``-th event's record key and value."""
-        values = {name: self._value(name, kind, i, ts_ms) for name, kind in self.source.fields.items()}
-        key = join_key([_text(values[k]) for k in self.source.key])
+        values = {name: self._value(name, kind, is_key, i, ts_ms) for name, kind, is_key in self._fields}
+        # Each key part as ingest renders it (services/ingest/validate.py: str() of the value).
+        key = join_key([str(values[k]) for k in self.source.key])
         return key.encode(), orjson.dumps(values)
-
-
-def _text(value: str | int | float | bool) -> str:
-    return value if isinstance(value, str) else orjson.dumps(value).decode()
 
 
 def _produce(bootstrap: str, topic: str, events: Synthetic, stop: threading.Event) -> int:
