@@ -134,8 +134,8 @@ def ingest_token(cfg: StackConfig) -> str:
 # A processor that starts with no job warms up this long before it registers (services/processor/
 # warmup.py): the first burst it meets then runs on code the JIT has compiled. One given spec files
 # starts their jobs at once instead. The time bounds all of it: case mapping, topics, the backlog's
-# write (~5 s on a quiet machine) and the throwaway job's batches.
-PROCESSOR_WARMUP_S = 25
+# write (5-10 s on a fresh JVM) and the throwaway job's batches.
+PROCESSOR_WARMUP_S = 30
 # A processor with no job, once registered, warms up this long on the shape of each job control runs
 # (services/processor/shapes.py), so that a job it takes over finds its code compiled.
 SHAPE_WARMUP_S = 30
@@ -210,7 +210,7 @@ def start_service(
 STANDBY_PROCESSOR = "processor-standby"
 # The standby warms up this long before it registers (services/processor/warmup.py), the backlog's
 # write included.
-STANDBY_WARMUP_S = 35
+STANDBY_WARMUP_S = 40
 
 
 def standby_env(cfg: StackConfig) -> dict[str, str]:

@@ -98,7 +98,7 @@ class ProcessorSettings(BaseServiceSettings):
     job_quarantine_crashes: int = Field(2, ge=0)
     # A processor that starts with no job first runs a throwaway job for this long (services/processor/
     # warmup.py), so a job it takes over starts on a warm JVM; 0: off. The single-machine stack sets
-    # it for its processor (25 s) and its standby (35 s): infra/stack.py. It bounds the whole warm-up, the
+    # it for its processor (30 s) and its standby (40 s): infra/stack.py. It bounds the whole warm-up, the
     # backlog's write included.
     warmup_s: float = Field(0, ge=0, le=600)
     # The warm-up job first drains a backlog of this many synthetic events (written at once before it

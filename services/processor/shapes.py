@@ -72,21 +72,25 @@ class ShapeWarmer:
             return len(self._warmed)
 
     def offer(self, specs: Iterable[JobSpec]) -> int:
-        """The specs of the jobs control runs; returns how many new shapes wait for a warm-up."""
+        """The specs of the jobs control runs, all of them: the shapes waiting for a warm-up become
+        theirs (a job that ended is not warmed up on). Returns how many shapes are new."""
         if self.settings.shape_warmup_s <= 0:
             return 0
-        added = 0
         with self._cv:
+            wanted: dict[str, JobSpec] = {}
             for spec in specs:
                 if spec.id.startswith(constants.WARMUP_JOB_PREFIX):
                     continue
                 shape = shape_of(spec)
-                if not shape or shape in self._warmed or shape in self._pending or shape == self._current:
-                    continue
-                if len(self._pending) >= MAX_PENDING:
-                    break
-                self._pending[shape] = spec
-                added += 1
+                if (
+                    shape
+                    and shape not in self._warmed
+                    and shape != self._current
+                    and len(wanted) < MAX_PENDING
+                ):
+                    wanted.setdefault(shape, spec)
+            added = len(wanted.keys() - self._pending.keys())
+            self._pending = wanted
             if added:
                 self._offered_at = time.monotonic()
             if added and self._thread is None and not self._closed:
