@@ -24,7 +24,7 @@ from typing import Any
 from infra import procs
 from infra.errors import InfraError
 from infra.fetch import CACHE_DIR, kafka_classpath, require_java
-from infra.jvm import checked_memory
+from infra.jvm import checked_memory, private_tmpdir
 from infra.paths import INFRA_DIR, logs_dir
 from shared.jvm import memory_mib
 
@@ -266,6 +266,7 @@ class KafkaBroker:
         argv = [
             require_java(),
             *self.jvm_options(),
+            private_tmpdir(self.home / "tmp"),
             "-cp",
             classpath,
             "kafka.Kafka",

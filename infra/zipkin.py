@@ -18,7 +18,7 @@ from typing import Any
 from infra import procs
 from infra.errors import InfraError
 from infra.fetch import CACHE_DIR, require_java, zipkin_jar
-from infra.jvm import checked_memory
+from infra.jvm import checked_memory, private_tmpdir
 from infra.paths import logs_dir
 
 NAME = "zipkin"
@@ -107,7 +107,8 @@ class ZipkinServer:
                 f"stop it (see `ss -ltnp 'sport = :{self.port}'`) or choose another Zipkin port"
             )
         jar = zipkin_jar(self.cache_dir)
-        argv = [require_java(), *self.jvm_options(), "-jar", str(jar), *self.server_args()]
+        tmpdir = private_tmpdir(self.run_dir / "zipkin-tmp")
+        argv = [require_java(), *self.jvm_options(), tmpdir, "-jar", str(jar), *self.server_args()]
         return procs.start_process(
             NAME, argv, self.run_dir, env=self.environment(), log_path=self.log_path, port=self.port
         )
