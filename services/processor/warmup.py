@@ -12,7 +12,9 @@ produces synthetic events to a topic of its own (``_sf-warmup-<id>.valid``, the 
 and runs a windowed job over them (every kind of aggregate) through the same code path as every job,
 within that many seconds (its backlog's write included); then it stops the query and deletes the
 topics and the checkpoint. It registers with control only after that, so control never places a job
-on a processor still warming. A failure is logged and ignored: a cold standby is still a standby.
+on a processor still warming. A failure is logged and ignored: a cold standby is still a standby. The
+topics' names carry the second the warm-up began, so that a later warm-up deletes those that a
+processor killed while warming left behind (``delete_stale_topics``).
 
 The events come in two parts. First a backlog (``SF_PROCESSOR_WARMUP_BACKLOG_EVENTS``, written at
 once before the query starts, event times over the minute before now), which the job drains in full
@@ -32,11 +34,13 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import shutil
 import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -57,6 +61,41 @@ WARMUP_EVENTS_PER_S = 1_000
 WARMUP_KEYS = 100
 BACKLOG_KEYS = 1_000
 BACKLOG_SPAN_MS = 60_000  # the backlog's event times: in order, over the minute before the live events'
+TOPIC_PREFIX = "_sf-warmup-"
+# A warm-up ends within its time (600 s at most, settings.py) and its clean-up: topics whose warm-up
+# began longer ago than this were left by a processor killed while warming.
+STALE_AFTER_S = 3_600
+_TAGGED = re.compile(rf"^{re.escape(TOPIC_PREFIX)}(\d{{10,}})-[0-9a-f]+(\.out|\.valid)?$")
+
+
+def new_tag(now: float | None = None) -> str:
+    """A warm-up's tag: the second it began, then random hex (``1764350000-3fa9c2``)."""
+    return f"{int(time.time() if now is None else now)}-{uuid.uuid4().hex[:6]}"
+
+
+def stale_topics(names: Iterable[str], now: float) -> list[str]:
+    """The warm-up topics among ``names`` whose tag says they began over ``STALE_AFTER_S`` ago. Names
+    without a time in their tag (another naming, or not a warm-up's) are never stale."""
+    stale = []
+    for name in names:
+        tagged = _TAGGED.match(name)
+        if tagged is not None and now - int(tagged.group(1)) > STALE_AFTER_S:
+            stale.append(name)
+    return sorted(stale)
+
+
+def delete_stale_topics(bootstrap: str, now: float, timeout_s: float = 10.0) -> list[str]:
+    """Delete the warm-up topics left by warm-ups that began over ``STALE_AFTER_S`` ago (their processor
+    was killed before its clean-up); returns their names. Failures are logged, not raised."""
+    try:
+        stale = stale_topics(admin(bootstrap).list_topics(timeout=timeout_s).topics, now)
+    except KafkaException as e:
+        log.warning("warm-up topics not listed: %s", e)
+        return []
+    if stale:
+        log.info("deleting %d warm-up topic(s) left by killed warm-ups: %s", len(stale), ", ".join(stale))
+        _delete_topics(bootstrap, stale, timeout_s)
+    return stale
 
 
 def warmup_spec(tag: str) -> JobSpec:
@@ -65,7 +104,7 @@ def warmup_spec(tag: str) -> JobSpec:
         {
             "id": f"{constants.WARMUP_JOB_PREFIX}{tag}",
             "source": {
-                "topic": f"_sf-warmup-{tag}",
+                "topic": f"{TOPIC_PREFIX}{tag}",
                 "fields": {"page": "string", "latency": "double", "ts": "timestamp"},
                 "key": ["page"],
                 "event_time": {"field": "ts"},
@@ -83,7 +122,7 @@ def warmup_spec(tag: str) -> JobSpec:
                 {"fn": "percentiles", "field": "latency", "percentiles": [50, 99], "as": "p"},
             ],
             "trigger_interval": "500ms",
-            "output_topic": f"_sf-warmup-{tag}.out",
+            "output_topic": f"{TOPIC_PREFIX}{tag}.out",
         }
     )
 
@@ -218,7 +257,7 @@ def shaped_like(spec: JobSpec, tag: str) -> JobSpec | None:
     streams the warm-up does not make."""
     if spec.join is not None:
         return None
-    topic = f"_sf-warmup-{tag}"
+    topic = f"{TOPIC_PREFIX}{tag}"
     return spec.model_copy(
         update={
             "id": f"{constants.WARMUP_JOB_PREFIX}{tag}",
@@ -257,7 +296,7 @@ def warm_up(
     one be killed during the warm-up."""
     seconds = seconds or settings.warmup_s
     backlog_events = settings.warmup_backlog_events if backlog is None else backlog
-    tag = tag or uuid.uuid4().hex[:8]
+    tag = tag or new_tag()
     spec = shaped_like(like, tag) if like is not None else warmup_spec(tag)
     if spec is None:
         log.info("no warm-up on the shape of job %s: a join", like.id if like else "")
@@ -287,9 +326,8 @@ def warm_up(
         parent = workdir or Path(settings.data_dir)
         parent.mkdir(parents=True, exist_ok=True)
         checkpoint = Path(tempfile.mkdtemp(prefix="sf-warmup-", dir=parent))
-        ensure_topics(
-            bootstrap, topics, partitions=1, timeout_s=min(10.0, max(1.0, set_up_by - time.monotonic()))
-        )
+        delete_stale_topics(bootstrap, time.time(), timeout_s=_set_up_timeout(set_up_by))
+        ensure_topics(bootstrap, topics, partitions=1, timeout_s=_set_up_timeout(set_up_by))
         created = True
         sent = fill_backlog(
             bootstrap,
@@ -356,6 +394,11 @@ def warm_up(
     return Warmed(batches, rows)
 
 
+def _set_up_timeout(set_up_by: float) -> float:
+    """An admin call's timeout within the set-up's time: 1-10 s."""
+    return min(10.0, max(1.0, set_up_by - time.monotonic()))
+
+
 class WarmUpCancelled(Exception):
     """A job starts on this processor: the warm-up gives way."""
 
@@ -372,10 +415,10 @@ def _collect_garbage(spark: SparkSession) -> None:
         log.warning("no full collection after the warm-up (%s: %s)", type(e).__name__, e)
 
 
-def _delete_topics(bootstrap: str, topics: list[str]) -> None:
+def _delete_topics(bootstrap: str, topics: list[str], timeout_s: float = 10.0) -> None:
     try:
         client = admin(bootstrap)  # held until the futures are done: its handle answers them
-        for future in client.delete_topics(topics, operation_timeout=10).values():
-            future.result(timeout=15)
+        for future in client.delete_topics(topics, operation_timeout=timeout_s).values():
+            future.result(timeout=timeout_s + 5)
     except (KafkaException, TimeoutError) as e:
         log.warning("warm-up topics %s not deleted: %s", topics, e)

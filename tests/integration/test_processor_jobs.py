@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ from services.processor.shapes import ShapeWarmer
 from services.processor.store import StoredJob
 from services.processor.tracing import TRACE_NUMBERS, TRACE_TEXT
 from services.processor.versions import BATCH_VERSIONS, ROW_VERSIONS, split_version
-from services.processor.warmup import events_read, warm_up, warmup_spec
+from services.processor.warmup import TOPIC_PREFIX, events_read, warm_up, warmup_spec
 from shared import constants
 from shared.grpc_server import HealthServedGrpcServer
 from shared.jobspec import JobSpec, parse_job_spec, with_id
@@ -430,6 +431,11 @@ def test_a_warm_up_runs_a_throwaway_job_and_leaves_nothing_behind(
     spec = warmup_spec(tag)
     full_collections = _full_collections(spark)
     work = tmp_path / "scratch"  # the processor gives its scratch directory (scratch.py)
+    # Topics a warm-up killed two hours ago left behind, and those of one that began a minute ago.
+    hexed, now = uuid.uuid4().hex[:6], int(time.time())
+    left = [f"{TOPIC_PREFIX}{now - 7_200}-{hexed}{suffix}" for suffix in (".valid", ".out")]
+    running = [f"{TOPIC_PREFIX}{now - 60}-{hexed}.valid"]
+    ensure_topics(kafka_bootstrap, left + running, partitions=1)
     began = time.monotonic()
     warmed = warm_up(spark, settings, tag, workdir=work)
     # Its time bounds all of it, the backlog's write included, but for the clean-up (stopping the
@@ -444,6 +450,9 @@ def test_a_warm_up_runs_a_throwaway_job_and_leaves_nothing_behind(
     assert not data.exists()  # and it was not in the data directory
     topics = admin(kafka_bootstrap).list_topics(timeout=10).topics
     assert spec.source.valid_topic not in topics and spec.output_topic not in topics
+    assert not set(left) & set(topics)  # the killed warm-up's, deleted
+    assert set(running) <= set(topics)  # the one that may still run, kept
+    admin(kafka_bootstrap).delete_topics(running)
 
 
 def _full_collections(session: SparkSession) -> int:

@@ -7,7 +7,17 @@ from typing import Any
 
 import orjson
 
-from services.processor.warmup import Synthetic, events_read, fill_backlog, shape_of, shaped_like
+from services.processor.warmup import (
+    STALE_AFTER_S,
+    Synthetic,
+    events_read,
+    fill_backlog,
+    new_tag,
+    shape_of,
+    shaped_like,
+    stale_topics,
+    warmup_spec,
+)
 from shared.jobspec import JobSpec
 
 
@@ -97,3 +107,16 @@ def test_synthetic_events_have_the_sources_fields_in_order_and_its_key() -> None
     assert parsed == {"page": "p1", "region": "r1", "n": 4, "ok": True, "ts": 1_700_000_000_000}
     assert key == b"p1|r1"  # shared.constants.join_key of the key fields
     assert {events.record(i, 0)[0] for i in range(30)} == {b"p0|r0", b"p1|r1", b"p2|r2"}
+
+
+def test_a_warm_ups_topics_carry_the_second_it_began_and_are_stale_an_hour_later() -> None:
+    now = 1_764_350_000.0
+    tag = new_tag(now)
+    assert tag.startswith("1764350000-")
+    spec = warmup_spec(tag)  # a valid job id and topic names
+    mine = [spec.source.valid_topic, spec.output_topic]
+    assert stale_topics(mine, now + STALE_AFTER_S) == []  # a warm-up ends well within the hour
+    assert stale_topics(mine, now + STALE_AFTER_S + 1) == sorted(mine)
+    # Never a topic it cannot date: another naming (an older processor's random tag), a user's topic.
+    others = ["_sf-warmup-3fa9c2d1.valid", "_sf-warmup-x.valid", "clicks.valid", "1764350000-abc.valid"]
+    assert stale_topics(others, now + 10 * STALE_AFTER_S) == []
