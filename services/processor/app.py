@@ -35,6 +35,7 @@ from shared.proto import streamforge_pb2 as pb
 log = logging.getLogger(__name__)
 DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 EXECUTOR_JAVA_OPTIONS = "spark.executor.extraJavaOptions"
+EXECUTOR_IN_WORK_DIR = "-Djava.io.tmpdir=."  # relative: the executor's working directory
 # ProcessorSettings.jit → its JVM options. "quick": C1 alone, no C2 (services/processor/README.md, JIT).
 JIT_OPTIONS = {"tiered": "", "quick": "-XX:TieredStopAtLevel=1"}
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -122,8 +123,17 @@ def session_conf(settings: ProcessorSettings, scratch: Path | None = None) -> di
     given_tmpdir = "-Djava.io.tmpdir=" in conf.get(DRIVER_JAVA_OPTIONS, "")
     tmpdir = shlex.quote(f"-Djava.io.tmpdir={scratch}") if scratch is not None and not given_tmpdir else ""
     _add_java_options(conf, DRIVER_JAVA_OPTIONS, archive_options, jit, tmpdir)
-    if jit:  # executors elsewhere (a cluster) start with the application, cold, like its driver
-        _add_java_options(conf, EXECUTOR_JAVA_OPTIONS, jit)
+    # A standalone worker starts each executor in a work directory of its own (work/<app>/<id>):
+    # there, not in /tmp, goes what it extracts (RocksDB's library, 14 MB), which an executor killed
+    # with its worker never deleted (two per tests/cluster run).
+    executor_tmpdir = (
+        EXECUTOR_IN_WORK_DIR
+        if settings.spark_master.startswith("spark://")
+        and "-Djava.io.tmpdir=" not in conf.get(EXECUTOR_JAVA_OPTIONS, "")
+        else ""
+    )
+    # Executors elsewhere (a cluster) start with the application, cold, like its driver: the same JIT.
+    _add_java_options(conf, EXECUTOR_JAVA_OPTIONS, jit, executor_tmpdir)
     return conf
 
 

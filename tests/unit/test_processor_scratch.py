@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from infra.paths import ROOT
-from services.processor.app import DRIVER_JAVA_OPTIONS, session_conf
+from services.processor.app import DRIVER_JAVA_OPTIONS, EXECUTOR_JAVA_OPTIONS, session_conf
 from services.processor.scratch import LOCK_NAME, claim
 from services.processor.settings import ProcessorSettings
 
@@ -132,6 +132,18 @@ def test_the_driver_jvm_keeps_its_temporary_files_in_the_scratch_directory(tmp_p
         session_conf(ProcessorSettings(spark_conf=given), spaced)[DRIVER_JAVA_OPTIONS]
         == given[DRIVER_JAVA_OPTIONS]
     )
+
+
+def test_a_standalone_clusters_executors_keep_their_temporary_files_in_their_work_directory() -> None:
+    cluster = ProcessorSettings(spark_master="spark://127.0.0.1:7077")
+    assert session_conf(cluster)[EXECUTOR_JAVA_OPTIONS] == "-Djava.io.tmpdir=."
+    quick = ProcessorSettings(spark_master="spark://127.0.0.1:7077", jit="quick")
+    assert session_conf(quick)[EXECUTOR_JAVA_OPTIONS].endswith(" -Djava.io.tmpdir=.")
+    # In local mode the executors are the driver's JVM; spark_conf's own choice wins.
+    assert EXECUTOR_JAVA_OPTIONS not in session_conf(ProcessorSettings())
+    given = {EXECUTOR_JAVA_OPTIONS: "-Djava.io.tmpdir=/big/disk"}
+    own = ProcessorSettings(spark_master="spark://127.0.0.1:7077", spark_conf=given)
+    assert session_conf(own)[EXECUTOR_JAVA_OPTIONS] == given[EXECUTOR_JAVA_OPTIONS]
 
 
 def test_the_scratch_root_defaults_to_a_per_user_directory_in_the_system_temp_dir(tmp_path: Path) -> None:
