@@ -120,3 +120,4 @@ HDR_LATE_OFFSET = "sf.late.offset"
 HDR_JOB = "sf.job"
 HDR_EVENT_SOURCE_PARTITION = "sf.source.partition"
 HDR_EVENT_SOURCE_OFFSET = "sf.source.offset"
+HDR_EVENT_SOURCE_INDEX = "sf.source.index"  # the event's place in its .valid record (shared/packs.py)

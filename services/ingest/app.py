@@ -40,6 +40,7 @@ from services.ingest.deadletters import RECORD_OVERHEAD, fit, headers_size, too_
 from services.ingest.errors import FatalKafkaError, IngestError, StreamConfigError
 from services.ingest.isolation import RECORD_ERRORS, Isolation
 from services.ingest.metrics import TRANSACTION_RECORDS, TRANSACTION_SECONDS, WATERMARK_MS
+from services.ingest.packing import ANY_PARTITION, Pack, Packer
 from services.ingest.progress import GroupProgress
 from services.ingest.settings import KAFKA_TIMEOUT_S, IngestSettings
 from services.ingest.streams import StreamDefinition, merge_streams
@@ -63,8 +64,10 @@ from shared.kafka import (
     dead_letter_headers,
     ensure_topics,
     first_offsets,
+    topic_shape,
 )
 from shared.metrics import DLQ_EVENTS, LATE_EVENTS, PROCESSING_LATENCY, RECORDS_PROCESSED, WATERMARK_LAG_MS
+from shared.packs import PACK_FRAMING_BYTES, pack, packed_event
 from shared.watchdog import CallWatchdog
 
 log = logging.getLogger(__name__)
@@ -148,6 +151,7 @@ class Ingest:
         self.running = threading.Event()
         self._isolation = Isolation()
         self._delivery_errors: list[KafkaError] = []  # of the current transaction (failures only)
+        self._valid_shapes: dict[str, tuple[int, int]] = {}  # for packs: see _valid_topic_shape
 
     # --- lifecycle ------------------------------------------------------------------------------
     def start(self, *, track_progress: bool = True) -> None:
@@ -280,6 +284,7 @@ class Ingest:
                 s = self.settings
                 ensure_topics(s.kafka_bootstrap, family_topics(new.values()), s.topic_partitions)
             resubscribe = set(update.streams) != set(self.streams)
+            self._valid_shapes.clear()
             self.streams = update.streams
             for topic in list(self.watermarks):
                 if topic not in self.streams:
@@ -479,9 +484,13 @@ class Ingest:
         gate = self._gate
         roots = gate.roots(len(records))  # the records that start a trace (empty when tracing is off)
         limit = self.settings.max_message_bytes
+        pack_limit = min(self.settings.valid_pack_bytes, limit - RECORD_OVERHEAD)
+        packer = Packer(pack_limit, self._valid_topic_shape) if pack_limit > PACK_FRAMING_BYTES else None
         isolation = self._isolation
         for i, (m, topic, partition, offset) in enumerate(records):
             ends[(topic, partition)] = offset + 1  # a partition's records come in offset order
+            if i % POLL_EVERY == POLL_EVERY - 1:
+                producer.poll(0)
             result: ValidEvent | Rejection
             if isolation.culprits and (topic, partition, offset) in isolation.culprits:
                 if (topic, partition, offset) in isolation.unwritable:
@@ -520,8 +529,22 @@ class Ingest:
                 # The Kafka timestamp stays the time of writing: with the event time there, the
                 # broker's time-based retention would delete backfilled or replayed (old) events at
                 # its next check, before the processor read them. The event time is in the payload.
-                out, key, value, counts = targets[topic][0], result.key.encode(), result.value, forwarded
+                out, counts = targets[topic][0], forwarded
                 headers = headers or None
+                if packer is not None:
+                    part, most = packer.slot(out, result.key)
+                    if headers is None:
+                        element = packed_event(result.key, result.value)
+                        if len(element) + PACK_FRAMING_BYTES <= most:
+                            closed = packer.add(out, part, most, element, (m, topic))
+                            if closed is not None:
+                                self._produce_pack(closed, targets, forwarded, rejected)
+                            continue
+                    # This one goes alone (a trace context, or too big): after the events before it.
+                    earlier = packer.take(out, part)
+                    if earlier is not None:
+                        self._produce_pack(earlier, targets, forwarded, rejected)
+                key, value = result.key.encode(), result.value
             # What is produced must fit the message limit (a long key repeats the key fields).
             size = RECORD_OVERHEAD + len(key or b"") + len(value or b"")
             if headers:
@@ -541,8 +564,9 @@ class Ingest:
                 rejected[(topic, refused.error_class)] += 1
                 continue
             counts[topic] += 1
-            if i % POLL_EVERY == POLL_EVERY - 1:
-                producer.poll(0)
+        if packer is not None:
+            for p in packer.drain():
+                self._produce_pack(p, targets, forwarded, rejected)
         for w in watermarks.values():
             w.advance(now)  # the stream's watermark, committed with the offsets
         offsets = [TopicPartition(t, p, o, self._committed_metadata(t, p)) for (t, p), o in ends.items()]
@@ -568,6 +592,40 @@ class Ingest:
         stats = BatchStats(sum(forwarded.values()), sum(rejected.values()), sum(late.values()))
         return stats, {tp.topic for tp in offsets}
 
+    def _produce_pack(
+        self,
+        p: Pack,
+        targets: dict[str, tuple[str, str, str]],
+        forwarded: Tally[str],
+        rejected: Tally[tuple[str, str]],
+    ) -> None:
+        """One pack to its partition; if Kafka refuses it, each of its events to the dead letters."""
+        try:
+            self._produce(p.topic, None, pack(p.elements), None, p.partition)
+        except KafkaException as e:
+            if e.args[0].code() not in RECORD_ERRORS:
+                raise
+            for m, topic in p.members:
+                refused = Rejection(PRODUCE_FAILED, f"the producer refused its pack for {p.topic}: {e}")
+                self._dead_letter(m, targets[topic][2], refused)
+                rejected[(topic, PRODUCE_FAILED)] += 1
+            return
+        for _, topic in p.members:
+            forwarded[topic] += 1
+
+    def _valid_topic_shape(self, topic: str) -> tuple[int, int]:
+        """A .valid topic's partition count and max.message.bytes, asked once per stream set; (0, 0)
+        if unknown (its packs then go to any partition, at the setting's size)."""
+        shape = self._valid_shapes.get(topic)
+        if shape is None:
+            try:
+                shape = topic_shape(self.settings.kafka_bootstrap, topic, timeout_s=KAFKA_TIMEOUT_S)
+            except (KafkaException, TimeoutError) as e:
+                log.warning("cannot describe %s (its packs go to any partition): %s", topic, e)
+                shape = (0, 0)
+            self._valid_shapes[topic] = shape
+        return shape
+
     def _dead_letter(self, m: Message, dlq_topic: str, rejection: Rejection) -> None:
         """The original record with why it was refused, cut down to the message limit if need be."""
         key, value, headers = fit(
@@ -586,10 +644,17 @@ class Ingest:
     def _committed_metadata(self, topic: str, partition: int) -> str:
         return self.watermarks[topic].committed_progress(partition).to_metadata()
 
-    def _produce(self, topic: str, key: bytes | None, value: bytes | None, headers: Headers | None) -> None:
+    def _produce(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Headers | None,
+        partition: int = ANY_PARTITION,
+    ) -> None:
         assert self._producer is not None
         try:
-            self._producer.produce(topic, key=key, value=value, headers=headers)
+            self._producer.produce(topic, key=key, value=value, headers=headers, partition=partition)
             return
         except BufferError:
             pass
@@ -599,7 +664,7 @@ class Ingest:
         while True:
             self._producer.poll(0.05)
             try:
-                self._producer.produce(topic, key=key, value=value, headers=headers)
+                self._producer.produce(topic, key=key, value=value, headers=headers, partition=partition)
                 return
             except BufferError:
                 if time.monotonic() > deadline:

@@ -4,8 +4,9 @@ Each micro-batch's progress report becomes one ``BatchMetrics`` (pure parsing, u
 reports). The listener keeps the newest per job (what GetStatus / ListJobs / heartbeats report as
 ``JobMetrics``) and feeds the Prometheus families:
 
-- shared (design names, ``service="processor"``): ``records_processed_total`` (input rows),
-  ``processing_latency_seconds`` (batch duration), ``checkpoint_duration_seconds`` (commit time),
+- shared (design names, ``service="processor"``): ``records_processed_total`` (events read; a
+  `.valid` record may pack many, shared/packs.py), ``processing_latency_seconds`` (batch duration),
+  ``checkpoint_duration_seconds`` (commit time),
   ``state_size_bytes``, ``watermark_lag_ms``, ``consumer_lag_records``, ``late_events_total``;
 - the processor's own, below, with a ``job`` label.
 
@@ -119,16 +120,23 @@ def metrics_from_progress(progress: dict[str, Any]) -> BatchMetrics:
     operators = progress.get("stateOperators") or []
     observed = progress.get("observedMetrics") or {}
     malformed = 0
+    events: int | None = None  # the events read (records hold packs of them: shared/packs.py)
     for name, row in observed.items():
         if name.startswith("sf_malformed") and isinstance(row, dict):
             malformed += int(row.get("rows") or 0)
+            if row.get("events") is not None:
+                events = (events or 0) + int(row["events"])
+    records = int(progress.get("numInputRows") or 0)
+    if events is None:
+        events = records
+    per_record = events / records if records else 1.0  # Spark's rates count records
     watermark = _iso_ms((progress.get("eventTime") or {}).get("watermark"))
     return BatchMetrics(
         job_id=progress.get("name") or "",
         batch_id=int(progress.get("batchId", -1)),
-        input_rows=int(progress.get("numInputRows") or 0),
-        input_rows_per_second=float(progress.get("inputRowsPerSecond") or 0.0),
-        processed_rows_per_second=float(progress.get("processedRowsPerSecond") or 0.0),
+        input_rows=events,
+        input_rows_per_second=float(progress.get("inputRowsPerSecond") or 0.0) * per_record,
+        processed_rows_per_second=float(progress.get("processedRowsPerSecond") or 0.0) * per_record,
         batch_duration_ms=int(progress.get("batchDuration") or durations.get("triggerExecution") or 0),
         # Spark reports the epoch (0) before the first watermark: that is "none yet".
         watermark_ms=watermark if watermark else None,

@@ -9,7 +9,8 @@ micro-batch jobs written before that version by micro-batch id instead, through 
 keep doing so (their state has no row count).
 
 Stateless, dedup and join jobs write events; each record carries the job id and its source
-coordinates as headers, so a consumer can drop the duplicates an at-least-once replay may write.
+coordinates (partition, offset, place in a pack) as headers, so a consumer can drop the duplicates an
+at-least-once replay may write.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from shared.jobspec import (
     percentile_suffix,
 )
 from shared.kafka import partition_count
+from shared.packs import PACK_KEY_FIELD
 from shared.tracing import TRACEPARENT
 
 _SPARK_TYPES: dict[FieldType, T.DataType] = {
@@ -60,6 +62,7 @@ EVENT_TIME = "__event_time"
 KEY = "__key"
 SOURCE_PARTITION = "__partition"
 SOURCE_OFFSET = "__offset"
+SOURCE_INDEX = "__index"  # the event's place in its record's pack (0 for a record of one event)
 WINDOW = "__window"
 ROWS = "__rows"  # rows aggregated into the window so far: its version (versions.version_column)
 REAL_TIME_SHUFFLE_PARTITIONS = 1
@@ -76,10 +79,23 @@ def event_schema(source: Source) -> T.StructType:
     return T.StructType([T.StructField(n, _SPARK_TYPES[t], True) for n, t in source.fields.items()])
 
 
+def record_schema(source: Source) -> T.ArrayType:
+    """A ``.valid`` record's value (shared/packs.py): a pack of events, each with its key in ``__key``.
+
+    ``from_json`` with this schema reads a lone event object as a pack of one, without ``__key``.
+    """
+    element = event_schema(source).add(T.StructField(PACK_KEY_FIELD, T.StringType(), True))
+    return T.ArrayType(element, True)
+
+
 def read_source(
     spark: SparkSession, source: Source, bootstrap: str, max_offsets: int | None, task_records: int = 0
 ) -> DataFrame:
-    """A stream's validated events, parsed, with its record key, event time and coordinates.
+    """A stream's validated events, parsed, with their key, event time and coordinates.
+
+    A record holds one event or a pack of them (shared/packs.py): one row per event. A pack's events
+    carry their keys; a lone event's key is its record's. A record that is neither form gives one row
+    without an event time, which _readable() counts and drops.
 
     ``max_offsets`` bounds a micro-batch; None for real-time mode, which refuses the option.
     ``task_records`` > 0 splits a micro-batch's read of a Kafka partition into tasks of at most that
@@ -101,30 +117,37 @@ def read_source(
         reader = reader.option("maxRecordsPerPartition", task_records)
     raw = reader.load()
     return raw.select(
-        F.col("key").cast("string").alias(KEY),
-        F.from_json(F.col("value").cast("string"), event_schema(source)).alias("e"),
+        F.col("key").cast("string").alias("__record_key"),
+        F.posexplode_outer(F.from_json(F.col("value").cast("string"), record_schema(source))).alias(
+            SOURCE_INDEX, "e"
+        ),
         F.col("partition").alias(SOURCE_PARTITION),
         F.col("offset").alias(SOURCE_OFFSET),
-        # Ingest gives headers to sampled records only: the header scan runs for those alone.
+        # Ingest gives headers to sampled records only (each such event a record of its own): the
+        # header scan runs for those alone.
         F.when(F.size(F.col("headers")) > 0, F.expr(spark_sampled_traceparent_sql("headers"))).alias(TRACE),
     ).select(
-        KEY,
-        "e.*",
+        F.coalesce(F.col(f"e.{PACK_KEY_FIELD}"), F.col("__record_key")).alias(KEY),
+        *[F.col(f"e.{name}").alias(name) for name in source.fields],
         F.timestamp_millis(F.col(f"e.{source.event_time.field}")).alias(EVENT_TIME),
         SOURCE_PARTITION,
         SOURCE_OFFSET,
+        SOURCE_INDEX,
         TRACE,
     )
 
 
 def _readable(df: DataFrame, observation: str) -> DataFrame:
-    """Drop rows without a key or event time, counting them in an observed metric.
+    """Drop rows without a key or event time, counting them (and every row read) in an observed metric.
 
     Ingest only forwards valid events, so these appear only if something else writes to a .valid
     topic; they are counted (processor_malformed_rows_total) and logged, never fed to a window.
     """
     bad = F.col(KEY).isNull() | F.col(EVENT_TIME).isNull()
-    observed = df.observe(observation, F.sum(F.when(bad, 1).otherwise(0)).alias("rows"))
+    # "events": the rows read, one per event of a pack (Spark's numInputRows counts Kafka records).
+    observed = df.observe(
+        observation, F.sum(F.when(bad, 1).otherwise(0)).alias("rows"), F.count(F.lit(1)).alias("events")
+    )
     return observed.where(~bad)
 
 
@@ -354,6 +377,10 @@ def to_event_records(spec: JobSpec, rows: DataFrame) -> DataFrame:
         F.struct(
             F.lit(constants.HDR_EVENT_SOURCE_OFFSET).alias("key"),
             F.col(SOURCE_OFFSET).cast("string").cast("binary").alias("value"),
+        ),
+        F.struct(
+            F.lit(constants.HDR_EVENT_SOURCE_INDEX).alias("key"),
+            F.col(SOURCE_INDEX).cast("string").cast("binary").alias("value"),
         ),
         _trace_header(),
     )

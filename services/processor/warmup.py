@@ -54,12 +54,14 @@ from shared import constants
 from shared.constants import join_key
 from shared.jobspec import FieldType, JobSpec, Source
 from shared.kafka import admin, ensure_topics
+from shared.packs import pack, packed_event
 
 log = logging.getLogger(__name__)
 
 WARMUP_EVENTS_PER_S = 1_000
 WARMUP_KEYS = 100
 BACKLOG_KEYS = 1_000
+BACKLOG_PACK_EVENTS = 200  # a backlog record packs this many events, as ingest packs a batch's
 BACKLOG_SPAN_MS = 60_000  # the backlog's event times: in order, over the minute before the live events'
 TOPIC_PREFIX = "_sf-warmup-"
 # A warm-up ends within its time (600 s at most, settings.py) and its clean-up: topics whose warm-up
@@ -176,6 +178,11 @@ class Synthetic:
         key = join_key([str(values[k]) for k in self.source.key])
         return key.encode(), orjson.dumps(values)
 
+    def element(self, i: int, ts_ms: int) -> bytes:
+        """The ``i``-th event as an element of a pack (shared/packs.py)."""
+        key, value = self.record(i, ts_ms)
+        return packed_event(key.decode(), value)
+
 
 def _produce(bootstrap: str, topic: str, events: Synthetic, stop: threading.Event) -> int:
     """Events at WARMUP_EVENTS_PER_S, their event times now, until ``stop``."""
@@ -196,7 +203,7 @@ def _produce(bootstrap: str, topic: str, events: Synthetic, stop: threading.Even
 
 class Warmed(NamedTuple):
     batches: int  # the throwaway job's micro-batches (0: the warm-up failed)
-    events: int  # the events they read, the backlog's included
+    records: int  # the records they read, the backlog's included (BACKLOG_PACK_EVENTS events each)
 
 
 def fill_backlog(
@@ -209,35 +216,41 @@ def fill_backlog(
     cancel: threading.Event | None = None,
 ) -> int:
     """Up to ``events`` events (default: the warm-up job's), their event times in order over the
-    minute before ``now_ms``, produced at once (~1 s for 300,000 on a quiet machine), until the
-    monotonic ``deadline`` or ``cancel``: on a loaded machine the rest is left out, so that the
-    warm-up keeps to its time. Returns how many were sent by then (acknowledged by the broker)."""
+    minute before ``now_ms``, packed BACKLOG_PACK_EVENTS to a record as ingest packs them, produced at
+    once (~1 s for 300,000 on a quiet machine), until the monotonic ``deadline`` or ``cancel``: on a
+    loaded machine the rest is left out, so that the warm-up keeps to its time. Returns how many
+    events were sent by then (acknowledged by the broker)."""
     synthetic = synthetic or Synthetic(warmup_spec("x").source, BACKLOG_KEYS)
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50, "batch.size": 1_000_000})
     start = now_ms - BACKLOG_SPAN_MS
+    sizes: list[int] = []  # events per record produced
     produced = 0
-    while produced < events:
-        if produced % 1_000 == 0 and (time.monotonic() >= deadline or (cancel and cancel.is_set())):
-            break
-        key, value = synthetic.record(produced, start + produced * BACKLOG_SPAN_MS // events)
+    value: bytes | None = None  # the next record, kept while librdkafka's queue is full
+    while produced < events and time.monotonic() < deadline and not (cancel is not None and cancel.is_set()):
+        n = min(BACKLOG_PACK_EVENTS, events - produced)
+        if value is None:
+            times = [start + i * BACKLOG_SPAN_MS // events for i in range(produced, produced + n)]
+            value = pack([synthetic.element(produced + j, t) for j, t in enumerate(times)])
         try:
-            producer.produce(topic, key=key, value=value)
-            produced += 1
+            producer.produce(topic, value=value)
         except BufferError:  # librdkafka's queue is full: let it send
-            if time.monotonic() >= deadline:
-                break
             producer.poll(0.05)
+            continue
+        value = None
+        sizes.append(n)
+        produced += n
     left = producer.flush(max(0.0, deadline - time.monotonic()))
     if left:  # not sent by the deadline: dropped (those already in flight may still land)
         producer.purge()
         producer.flush(1)
-    if produced < events or left:
-        log.info("warm-up backlog cut at its deadline: %d of %d events", produced - left, events)
-    return produced - left
+    sent = produced - sum(sizes[len(sizes) - left :]) if left else produced
+    if sent < events:
+        log.info("warm-up backlog cut at its deadline: %d of %d events", sent, events)
+    return sent
 
 
-def events_read(progress: dict[str, Any] | None) -> int:
-    """How many events a query of the warm-up's topic (new, so its offsets start at 0) has read: its
+def records_read(progress: dict[str, Any] | None) -> int:
+    """How many records a query of the warm-up's topic (new, so its offsets start at 0) has read: its
     Kafka source's end offsets in the last progress report. Not a sum over ``recentProgress``, which
     keeps the last 100 reports only (``spark.sql.streaming.numRecentProgressUpdates``)."""
     if not progress:
@@ -361,11 +374,12 @@ def warm_up(
                 raise failure
             progress = query.lastProgress
             batches = int(progress["batchId"]) + 1 if progress else 0
-            rows = events_read(progress)
+            rows = records_read(progress)
         finally:
             query.stop()
         log.info(
-            "warmed up%s in %.1f s: %d batches of a throwaway job%s, %d events read (a backlog of %d first)",
+            "warmed up%s in %.1f s: %d batches of a throwaway job%s, %d records read "
+            "(a backlog of %d events first)",
             " (cancelled: a job starts here)" if cancelled.is_set() else "",
             time.monotonic() - began,
             batches,

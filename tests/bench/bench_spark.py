@@ -17,6 +17,7 @@ once with all nine aggregates, each from its own checkpoint:
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from pathlib import Path
@@ -30,6 +31,7 @@ from services.ingest.app import Ingest
 from services.ingest.settings import IngestSettings
 from services.ingest.streams import StreamDefinition
 from services.processor.app import build_spark
+from services.processor.metrics import metrics_from_progress
 from services.processor.query import start_query
 from services.processor.settings import ProcessorSettings
 from shared.jobspec import JobSpec
@@ -93,17 +95,22 @@ def drain_backlog(
     elapsed = time.perf_counter() - started
     batches = [p for p in query.recentProgress if p["numInputRows"] > 0]
     durations = [p["durationMs"]["triggerExecution"] / 1000 for p in batches]
-    rest_rows = sum(p["numInputRows"] for p in batches[1:])
+    reported = [metrics_from_progress(json.loads(p.json)) for p in batches]
+    rows = [m.input_rows for m in reported]  # events: a record may pack many
+    rest_rows = sum(rows[1:])
     return {
         "events": events,
-        "rows_read": sum(p["numInputRows"] for p in batches),
+        "records_read": sum(p["numInputRows"] for p in batches),
+        "rows_read": sum(rows),
         "seconds": round(elapsed, 1),
         "events_per_s": round(events / elapsed),
         "data_batches": len(batches),
         "first_batch_s": round(durations[0], 1) if durations else None,
         "batch_s": [round(d, 2) for d in durations],
         "steady_events_per_s": round(rest_rows / sum(durations[1:])) if len(durations) > 1 else None,
-        "best_batch_rows_per_s": round(max(p["processedRowsPerSecond"] for p in batches))
+        "best_batch_rows_per_s": round(
+            max(metrics_from_progress(p).processed_rows_per_second for p in batches)
+        )
         if batches
         else None,
     }

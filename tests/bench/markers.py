@@ -25,9 +25,10 @@ from dataclasses import dataclass
 
 import orjson
 import redis
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 
 from shared import constants
+from shared.packs import events_of
 from tests.bench import workload
 
 MARKER_PREFIX = "m"  # background keys start with "k": a pattern on "m*" sees only markers
@@ -203,12 +204,21 @@ def first_timestamps(
                 partition, offset = msg.partition(), msg.offset()
                 if offset is not None and offset + 1 >= ends[partition]:
                     todo.discard(partition)
-                marker = key_of(msg.key() or b"")
-                if marker is not None and marker not in first:
-                    first[marker] = msg.timestamp()[1] / 1000
+                for key in _keys(msg):
+                    marker = key_of(key)
+                    if marker is not None and marker not in first:
+                        first[marker] = msg.timestamp()[1] / 1000
         return first
     finally:
         consumer.close()
+
+
+def _keys(msg: Message) -> list[bytes]:
+    """A record's key, or the keys of the events a `.valid` pack holds (shared/packs.py)."""
+    value = msg.value() or b""
+    if value.startswith(b"["):
+        return [(k or "").encode() for k, _ in events_of(msg.key(), value)]
+    return [msg.key() or b""]
 
 
 def stage_breakdown(

@@ -29,7 +29,8 @@ from infra.pki import ensure_pki
 from infra.stack import StackConfig, ingest_token, service_env
 from shared import constants
 from shared.kafka import ensure_topics
-from tests.kafka_util import read_all
+from shared.packs import events_of
+from tests.kafka_util import read_all, read_valid
 
 pytestmark = pytest.mark.e2e
 
@@ -239,7 +240,8 @@ def check_exactly_once(bootstrap: str, topic: str, load: Load) -> tuple[int, int
     valid = read_all(bootstrap, f"{topic}.valid", min_count=1)
     late = read_all(bootstrap, f"{topic}.late")
     dead = read_all(bootstrap, f"{topic}.dlq", min_count=len(load.bad))
-    seen = Counter(int(orjson.loads(m.value())["v"]) for m in [*valid, *late])
+    events = [e for m in valid for _, e in events_of(m.key(), m.value())]  # packs (shared/packs.py)
+    seen = Counter(int(e["v"]) for e in [*events, *(orjson.loads(m.value()) for m in late)])
     twice = sorted(i for i, n in seen.items() if n > 1)
     missing = sorted(set(load.good) - set(seen))
     assert not twice, f"{len(twice)} events forwarded more than once, e.g. {twice[:10]}"
@@ -319,8 +321,8 @@ def test_watermark_is_restored_after_sigkill(make_replicas, kafka_bootstrap: str
     [late] = read_all(kafka_bootstrap, f"{replicas.topic}.late", min_count=1)
     assert orjson.loads(late.value())["v"] == 100  # a fresh watermark would have let it through
     assert dict(late.headers())[constants.HDR_LATE_WATERMARK_MS] == str(BASE_MS + 14_000).encode()
-    valid = read_all(kafka_bootstrap, f"{replicas.topic}.valid", min_count=21)
-    assert sorted(orjson.loads(m.value())["v"] for m in valid) == [*range(20), 101]
+    valid = read_valid(kafka_bootstrap, f"{replicas.topic}.valid", min_events=21)
+    assert sorted(f.event["v"] for f in valid) == [*range(20), 101]
 
 
 def test_two_replicas_rebalance_one_killed_one_added(make_replicas, kafka_bootstrap: str) -> None:  # type: ignore[no-untyped-def]

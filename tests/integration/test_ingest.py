@@ -22,8 +22,9 @@ from services.ingest.settings import IngestSettings
 from services.ingest.streams import StreamDefinition
 from shared import constants
 from shared.kafka import ensure_topics
+from shared.packs import partition_for
 from shared.tracing import TRACEPARENT, flush_tracing, is_sampled_traceparent, setup_tracing
-from tests.kafka_util import produce_all, read_all
+from tests.kafka_util import produce_all, read_all, read_valid
 
 pytestmark = pytest.mark.integration
 
@@ -103,14 +104,14 @@ def test_forwards_good_records_and_dead_letters_bad_ones(kafka_bootstrap: str, u
     assert 1 <= commits <= len(records)
     assert REGISTRY.get_sample_value("ingest_transaction_seconds_count") is not None
 
-    forwarded = read_all(kafka_bootstrap, stream.source.valid_topic, min_count=len(good))
-    by_ts = sorted((orjson.loads(m.value()) for m in forwarded), key=lambda d: d["ts"])
+    forwarded = read_valid(kafka_bootstrap, stream.source.valid_topic, min_events=len(good))
+    by_ts = sorted((f.event for f in forwarded), key=lambda d: d["ts"])
     assert by_ts == [{**e, "v": float(e["v"])} for e in good]  # normalised: v declared double
-    got = sorted((m.key().decode(), orjson.loads(m.value())["ts"]) for m in forwarded)
+    got = sorted((f.key, f.event["ts"]) for f in forwarded)
     assert got == sorted((e["page"], e["ts"]) for e in good)
     # Kafka timestamps are the time of writing, not the (old) event time: retention must not delete
     # backfilled events before the processor reads them.
-    assert all(m.timestamp()[1] >= started_ms for m in forwarded)
+    assert all(f.message.timestamp()[1] >= started_ms for f in forwarded)
 
     dead = read_all(kafka_bootstrap, stream.source.dlq_topic, min_count=len(bad))
     assert sorted(m.value() for m in dead) == sorted(bad)
@@ -127,6 +128,57 @@ def test_forwards_good_records_and_dead_letters_bad_ones(kafka_bootstrap: str, u
         assert int(headers[constants.HDR_SOURCE_OFFSET]) >= 0
         assert headers[constants.HDR_SERVICE] == b"ingest"
     assert read_all(kafka_bootstrap, stream.source.late_topic, timeout_s=5) == []
+
+
+@pytest.mark.parametrize("pack_bytes", [2_048, 0])
+def test_forwarded_events_are_packed_in_their_keys_partitions_in_order(
+    kafka_bootstrap: str, unique: str, pack_bytes: int
+) -> None:
+    """Ingest packs a batch's forwarded events many to a `.valid` record (shared/packs.py): a pack in
+    the partition its events' keys map to, as each keyed record went before, no larger than
+    valid_pack_bytes; a record with headers goes alone, keyed, after the events read before it. With
+    valid_pack_bytes 0: one event a record, keyed."""
+    stream = stream_definition(unique)
+    ensure_topics(kafka_bootstrap, [stream.topic], partitions=1)
+    good = [{"page": f"/p{i % 7}", "ts": BASE_MS + i, "v": i} for i in range(2_000)]
+    producer = Producer({"bootstrap.servers": kafka_bootstrap, "linger.ms": 20})
+    for i, e in enumerate(good):
+        producer.produce(
+            stream.topic, orjson.dumps(e), headers=[("x-note", b"alone")] if i == 1_000 else None
+        )
+    assert producer.flush(30) == 0
+
+    settings = ingest_settings(kafka_bootstrap, unique, valid_pack_bytes=pack_bytes, topic_partitions=3)
+    ingest = Ingest(settings, [stream])
+    ingest.start(track_progress=False)
+    try:
+        assert drain(ingest, len(good)) == len(good)
+    finally:
+        ingest.close()
+
+    forwarded = read_valid(kafka_bootstrap, stream.source.valid_topic, min_events=len(good))
+    assert sorted((f.event for f in forwarded), key=lambda d: d["ts"]) == [
+        {**e, "v": float(e["v"])} for e in good
+    ]
+    assert all(f.key == f.event["page"] for f in forwarded)
+    records = {(f.message.partition(), f.message.offset()): f.message for f in forwarded}
+    alone = [f for f in forwarded if f.message.headers()]
+    assert [(f.event["ts"], f.message.headers(), f.message.key()) for f in alone] == [
+        (BASE_MS + 1_000, [("x-note", b"alone")], b"/p6")
+    ]
+    for f in forwarded:  # every event in its key's partition, as librdkafka's partitioner puts a key
+        assert f.message.partition() == partition_for(f.event["page"], 3)
+    for page in {e["page"] for e in good}:  # and each key's events in the order they were read
+        ts = [f.event["ts"] for f in forwarded if f.key == page]
+        assert ts == sorted(ts)
+    if pack_bytes:
+        assert len(records) < len(good) // 20
+        packs = [m for m in records.values() if not m.headers()]
+        assert all(m.key() is None and m.value().startswith(b"[") for m in packs)
+        assert max(len(m.value()) for m in packs) <= pack_bytes
+    else:
+        assert len(records) == len(good)
+        assert all(m.key() == orjson.loads(m.value())["page"].encode() for m in records.values())
 
 
 def test_restart_resumes_after_committed_offsets(kafka_bootstrap: str, unique: str) -> None:
@@ -152,10 +204,7 @@ def test_restart_resumes_after_committed_offsets(kafka_bootstrap: str, unique: s
         assert drain(again, 50) == 50
     finally:
         again.close()
-    ts = sorted(
-        orjson.loads(m.value())["ts"]
-        for m in read_all(kafka_bootstrap, stream.source.valid_topic, min_count=150)
-    )
+    ts = sorted(f.event["ts"] for f in read_valid(kafka_bootstrap, stream.source.valid_topic, min_events=150))
     assert ts == [BASE_MS + i for i in range(100)] + [BASE_MS + 1_000 + i for i in range(50)]
 
 
@@ -198,8 +247,8 @@ def test_late_events_go_to_the_late_topic_and_are_counted(kafka_bootstrap: str, 
         assert h[constants.HDR_LATE_TOPIC] == stream.topic.encode()
         assert m.key() == b"k"
     assert sorted(got, key=lambda x: x[0]["v"]) == expected_late
-    on_time = read_all(kafka_bootstrap, stream.source.valid_topic, min_count=len(expected_on_time))
-    assert sorted(orjson.loads(m.value())["v"] for m in on_time) == [e["v"] for e in expected_on_time]
+    on_time = read_valid(kafka_bootstrap, stream.source.valid_topic, min_events=len(expected_on_time))
+    assert sorted(f.event["v"] for f in on_time) == [e["v"] for e in expected_on_time]
     assert metric("late_events_total", service="ingest", job=stream.topic) - before == len(expected_late)
     assert info["watermark_ms"] == BASE_MS + 30_000 - 5_000
     assert metric("watermark_ms", service="ingest", job=stream.topic) == BASE_MS + 25_000
@@ -274,8 +323,8 @@ def test_transactions_are_spaced_by_the_interval_at_low_rates(kafka_bootstrap: s
             assert consumed + drain(ingest, 150 - consumed) == 150
         finally:
             ingest.close()
-        forwarded = read_all(kafka_bootstrap, stream.source.valid_topic, min_count=150)
-        assert sorted(orjson.loads(m.value())["ts"] for m in forwarded) == [BASE_MS + i for i in range(150)]
+        forwarded = read_valid(kafka_bootstrap, stream.source.valid_topic, min_events=150)
+        assert sorted(f.event["ts"] for f in forwarded) == [BASE_MS + i for i in range(150)]
         return int((REGISTRY.get_sample_value("ingest_transaction_records_count") or 0.0) - count)
 
     spaced, unspaced = commits_with(250), commits_with(0)

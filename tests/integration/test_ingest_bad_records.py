@@ -22,7 +22,7 @@ from services.ingest.app import Ingest
 from shared import constants
 from shared.kafka import ensure_topics
 from tests.integration.test_ingest import BASE_MS, drain, ingest_settings, stream_definition
-from tests.kafka_util import read_all
+from tests.kafka_util import read_all, read_valid
 
 pytestmark = pytest.mark.integration
 
@@ -147,8 +147,10 @@ def test_dead_letters_hold_exactly_the_bad_records(kafka_bootstrap: str, batch: 
     wrong = {o: (got_bad[o][1], expected_bad[o][1]) for o in got_bad if got_bad[o] != expected_bad[o]}
     assert not wrong, f"DLQ records with another value or reason (got, expected): {wrong}"
 
-    valid = read_all(kafka_bootstrap, stream.source.valid_topic, timeout_s=90, min_count=len(expected_good))
-    got_good = sorted(m.value() for m in valid)
+    valid = read_valid(
+        kafka_bootstrap, stream.source.valid_topic, timeout_s=90, min_events=len(expected_good)
+    )
+    got_good = sorted(orjson.dumps(f.event) for f in valid)  # the fields in the order ingest wrote them
     assert len(got_good) == len(expected_good), f"{len(got_good)} forwarded, {len(expected_good)} expected"
     assert got_good == expected_good
     assert read_all(kafka_bootstrap, stream.source.late_topic, timeout_s=5) == []

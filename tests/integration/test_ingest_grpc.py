@@ -17,7 +17,7 @@ from shared.grpc_server import HealthServedGrpcServer
 from shared.proto import streamforge_pb2 as pb
 from shared.proto import streamforge_pb2_grpc as pb_grpc
 from tests.integration.test_ingest import BASE_MS, ingest_settings, stream_definition
-from tests.kafka_util import produce_all, read_all
+from tests.kafka_util import produce_all, read_valid
 
 pytestmark = pytest.mark.integration
 
@@ -77,8 +77,8 @@ def test_apply_streams_adds_a_stream_at_run_time(running: tuple[Ingest, str], ka
 
         events = [orjson.dumps({"page": f"/{i}", "ts": BASE_MS + i}) for i in range(30)]
         produce_all(kafka_bootstrap, new_topic, events)
-        valid = read_all(kafka_bootstrap, f"{new_topic}.valid", min_count=30, timeout_s=60)
-        assert sorted(orjson.loads(m.value())["ts"] for m in valid) == [BASE_MS + i for i in range(30)]
+        valid = read_valid(kafka_bootstrap, f"{new_topic}.valid", min_events=30, timeout_s=60)
+        assert sorted(f.event["ts"] for f in valid) == [BASE_MS + i for i in range(30)]
 
         with pytest.raises(grpc.RpcError) as bad:
             stub.ApplyStreams(pb.ApplyStreamsRequest(job_spec_json=['{"id": "x"}']), timeout=30)

@@ -28,7 +28,7 @@ from shared.jobspec import JobSpec, Source, load_job_spec, parse_job_spec, spec_
 from shared.kafka import ensure_topics
 from shared.records import WindowResult
 from tests.integration.test_processor import spark  # noqa: F401  (the shared session fixture)
-from tests.kafka_util import produce_keyed, read_all
+from tests.kafka_util import produce_packed, read_all
 
 pytestmark = pytest.mark.integration
 EXAMPLES = ROOT / "services/processor/examples"
@@ -47,9 +47,10 @@ def renamed(spec: JobSpec, suffix: str) -> JobSpec:
 
 
 def forward(bootstrap: str, source: Source, events: list[dict[str, object]]) -> None:
-    """What ingest does with valid events: key them by the key fields, write them to `.valid`."""
-    pairs = (("|".join(str(e[k]) for k in source.key).encode(), orjson.dumps(e)) for e in events)
-    produce_keyed(bootstrap, source.valid_topic, pairs)
+    """What ingest does with valid events: key them by the key fields, pack them per the key's
+    partition (shared/packs.py), write them to `.valid` (2 partitions)."""
+    pairs = (("|".join(str(e[k]) for k in source.key), orjson.dumps(e)) for e in events)
+    produce_packed(bootstrap, source.valid_topic, pairs, partitions=2, per_pack=7)
 
 
 @dataclass
@@ -116,10 +117,24 @@ def window_results(bootstrap: str, spec: JobSpec) -> dict[tuple[str, int], Windo
 
 def event_rows(bootstrap: str, spec: JobSpec) -> list[dict[str, object]]:
     records = read_all(bootstrap, spec.output_topic)
+    coordinates = []
     for m in records:
         headers = dict(m.headers() or [])
         assert headers[constants.HDR_JOB] == spec.id.encode()
-        assert int(headers[constants.HDR_EVENT_SOURCE_OFFSET]) >= 0
+        coordinates.append(
+            tuple(
+                int(headers[h])
+                for h in (
+                    constants.HDR_EVENT_SOURCE_PARTITION,
+                    constants.HDR_EVENT_SOURCE_OFFSET,
+                    constants.HDR_EVENT_SOURCE_INDEX,
+                )
+            )
+        )
+    # Each event's source coordinates: its record's partition and offset, and its place in the pack.
+    assert all(c >= 0 for cs in coordinates for c in cs)
+    if spec.join is None:  # a joined event may match several on the other side
+        assert len(set(coordinates)) == len(coordinates), "two events with one source coordinate"
     return [orjson.loads(m.value()) for m in records]
 
 

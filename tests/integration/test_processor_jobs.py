@@ -35,7 +35,13 @@ from services.processor.shapes import ShapeWarmer
 from services.processor.store import StoredJob
 from services.processor.tracing import TRACE_NUMBERS, TRACE_TEXT
 from services.processor.versions import BATCH_VERSIONS, ROW_VERSIONS, split_version
-from services.processor.warmup import TOPIC_PREFIX, events_read, warm_up, warmup_spec
+from services.processor.warmup import (
+    BACKLOG_PACK_EVENTS,
+    TOPIC_PREFIX,
+    records_read,
+    warm_up,
+    warmup_spec,
+)
 from shared import constants
 from shared.grpc_server import HealthServedGrpcServer
 from shared.jobspec import JobSpec, parse_job_spec, with_id
@@ -442,8 +448,9 @@ def test_a_warm_up_runs_a_throwaway_job_and_leaves_nothing_behind(
     # query, deleting the topics, a full collection).
     assert time.monotonic() - began < settings.warmup_s + 15
     assert warmed.batches >= 3  # 500 ms trigger, after the set-up (~6 s) and a cold first batch (~13 s)
-    # The whole backlog was read, and the events produced at 1,000 a second after it.
-    assert warmed.events > 30_000
+    # The whole backlog was read (packs of 200 events), and the events produced at 1,000 a second after
+    # it, a record each.
+    assert warmed.records > settings.warmup_backlog_events // BACKLOG_PACK_EVENTS + 1_000
     assert _full_collections(spark) > full_collections  # the heap the backlog grew, collected
     assert not [q for q in spark.streams.active if (q.name or "").startswith(spec.id)]
     assert list(work.iterdir()) == []  # its checkpoint directory removed
@@ -497,7 +504,7 @@ def _compiled_by_first_batch(session: SparkSession, spec: JobSpec, bootstrap: st
         while query.lastProgress is None:
             assert query.isActive and time.monotonic() < deadline, query.exception()
             time.sleep(0.2)
-        assert events_read(query.lastProgress) == 50
+        assert records_read(query.lastProgress) == 50
     finally:
         query.stop()
     return _compilations(session) - before

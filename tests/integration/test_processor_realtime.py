@@ -32,7 +32,7 @@ from shared.jobstate import JobState
 from shared.kafka import ensure_topics
 from shared.records import WindowResult
 from tests.integration.test_processor import spark  # noqa: F401  (the shared session fixture)
-from tests.kafka_util import produce_keyed, read_all
+from tests.kafka_util import produce_keyed, produce_packed, read_all
 
 pytestmark = pytest.mark.integration
 
@@ -198,10 +198,13 @@ def test_real_time_windows_equal_the_oracle_across_a_restart(
         query = start_query(spark, spec, kafka_bootstrap, checkpoint, max_offsets=100_000, epoch=5)
         try:
             time.sleep(2)  # the source's first batch reads from the checkpointed offsets on
-            produce_keyed(
+            # Packs of events, as ingest writes them (shared/packs.py)
+            produce_packed(
                 kafka_bootstrap,
                 spec.source.valid_topic,
-                ((str(e["k"]).encode(), orjson.dumps(e)) for e in events),
+                ((str(e["k"]), orjson.dumps(e)) for e in events),
+                partitions=1,
+                per_pack=16,
             )
             sent += events
             wait_for(kafka_bootstrap, spec, oracle(spec, sent))

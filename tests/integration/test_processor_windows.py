@@ -33,7 +33,7 @@ from shared.jobspec import JobSpec
 from shared.kafka import ensure_topics
 from shared.records import WindowResult
 from tests.integration.test_processor import spark  # noqa: F401  (the shared session fixture)
-from tests.kafka_util import produce_keyed, read_all
+from tests.kafka_util import produce_keyed, produce_packed, read_all
 
 pytestmark = pytest.mark.integration
 
@@ -53,7 +53,13 @@ AGGREGATIONS = [
     {"fn": "stddev_pop", "field": "value", "as": "sd_pop"},
     {"fn": "percentiles", "field": "value", "percentiles": [50, 95, 99], "accuracy": ACCURACY},
 ]
-MALFORMED = [(b"a", b"not json"), (b"a", b'{"k": "a", "value": 1.0}'), (None, b'{"k": "a", "ts": 5}')]
+MALFORMED = [
+    (b"a", b"not json"),
+    (b"a", b'{"k": "a", "value": 1.0}'),
+    (None, b'{"k": "a", "ts": 5}'),
+    (None, b'[{"__key": "a", "k": "a", "value": 1.0}]'),  # a pack whose event has no event time
+    (None, b"[1, 2]"),  # an array, not of events
+]
 CASES = {
     "tumbling-update": ({"type": "tumbling", "size": "5s"}, "on_update"),
     "tumbling-close": ({"type": "tumbling", "size": "5s"}, "on_window_close"),
@@ -183,11 +189,21 @@ def ran_cases(spark: SparkSession, kafka_bootstrap: str, tmp_path_factory) -> di
             case.query = start_query(spark, case.spec, kafka_bootstrap, ckpt, max_offsets=100_000, epoch=3)
         for r in range(len(next(iter(cases.values())).rounds)):
             for case in cases.values():
-                produce_keyed(
-                    kafka_bootstrap,
-                    case.spec.source.valid_topic,
-                    ((str(e["k"]).encode(), orjson.dumps(e)) for e in case.rounds[r]),
-                )
+                # Both forms of a `.valid` record (shared/packs.py): packs as ingest writes them, and
+                # an event a record (ingest's HTTP endpoint, records with headers).
+                if r % 2 == 0:
+                    produce_packed(
+                        kafka_bootstrap,
+                        case.spec.source.valid_topic,
+                        ((str(e["k"]), orjson.dumps(e)) for e in case.rounds[r]),
+                        partitions=2,
+                    )
+                else:
+                    produce_keyed(
+                        kafka_bootstrap,
+                        case.spec.source.valid_topic,
+                        ((str(e["k"]).encode(), orjson.dumps(e)) for e in case.rounds[r]),
+                    )
             if r == 1:  # rows a broken writer put in .valid: skipped and counted, never fatal
                 produce_keyed(kafka_bootstrap, cases["tumbling-update"].spec.source.valid_topic, MALFORMED)
             for case in cases.values():

@@ -31,7 +31,7 @@ from shared.jobspec import JobSpec
 from shared.kafka import admin, ensure_topics
 from tests.integration.test_ingest import BASE_MS, HTTP_TOKEN, ingest_settings, metric
 from tests.integration.test_processor import spark  # noqa: F401  (the session fixture)
-from tests.kafka_util import read_all
+from tests.kafka_util import read_all, read_valid
 
 pytestmark = pytest.mark.integration
 
@@ -105,9 +105,9 @@ def test_a_record_too_large_to_forward_is_dead_lettered_and_every_stream_keeps_f
 
     ingest_all(kafka_bootstrap, unique, [poisoned, other], 8)
 
-    assert len(read_all(kafka_bootstrap, other.source.valid_topic, min_count=5)) == 5
-    forwarded = read_all(kafka_bootstrap, poisoned.source.valid_topic, min_count=2)
-    assert sorted(orjson.loads(m.value())["n"] for m in forwarded) == [0, 2]
+    assert len(read_valid(kafka_bootstrap, other.source.valid_topic, min_events=5)) == 5
+    forwarded = read_valid(kafka_bootstrap, poisoned.source.valid_topic, min_events=2)
+    assert sorted(f.event["n"] for f in forwarded) == [0, 2]
     (dead,) = read_all(kafka_bootstrap, poisoned.source.dlq_topic, min_count=1)
     h = headers_of(dead)
     assert h[constants.HDR_ERROR_CLASS] == v.OVERSIZED_RECORD.encode()
@@ -132,7 +132,7 @@ def test_a_dead_letter_over_the_message_limit_is_truncated_and_says_so(
     assert h[constants.HDR_ERROR_TRUNCATED] == b"value"
     assert int(h[constants.HDR_ERROR_ORIGINAL_BYTES]) == len(big)
     assert 900_000 < len(dead.value()) < 1_000_000 and big.startswith(dead.value())
-    assert len(read_all(kafka_bootstrap, poisoned.source.valid_topic, min_count=1)) == 1
+    assert len(read_valid(kafka_bootstrap, poisoned.source.valid_topic, min_events=1)) == 1
 
 
 def _with_small_limit(bootstrap: str, *topics: str) -> None:
@@ -162,8 +162,8 @@ def test_a_record_the_broker_refuses_is_found_and_dead_lettered(
 
     ingest_all(kafka_bootstrap, unique, [poisoned], 30, timeout_s=120)
 
-    forwarded = read_all(kafka_bootstrap, poisoned.source.valid_topic, min_count=29)
-    assert sorted(orjson.loads(m.value())["n"] for m in forwarded) == [i for i in range(30) if i != 17]
+    forwarded = read_valid(kafka_bootstrap, poisoned.source.valid_topic, min_events=29)
+    assert sorted(f.event["n"] for f in forwarded) == [i for i in range(30) if i != 17]
     (dead,) = read_all(kafka_bootstrap, poisoned.source.dlq_topic, min_count=1)
     assert dead.value() == values[17]
     h = headers_of(dead)
@@ -183,8 +183,8 @@ def test_a_record_whose_dead_letter_is_refused_too_is_dropped_and_the_stream_goe
 
     ingest_all(kafka_bootstrap, unique, [poisoned], 10, timeout_s=120)
 
-    forwarded = read_all(kafka_bootstrap, poisoned.source.valid_topic, min_count=9)
-    assert sorted(orjson.loads(m.value())["n"] for m in forwarded) == [i for i in range(10) if i != 4]
+    forwarded = read_valid(kafka_bootstrap, poisoned.source.valid_topic, min_events=9)
+    assert sorted(f.event["n"] for f in forwarded) == [i for i in range(10) if i != 4]
     assert metric("dlq_events_total", service="ingest", job=poisoned.topic, reason=UNWRITABLE) - before == 1
 
 
@@ -202,8 +202,8 @@ def test_longs_outside_64_bits_are_dead_lettered(
 
     ingest_all(kafka_bootstrap, unique, [poisoned], len(values))
 
-    forwarded = read_all(kafka_bootstrap, poisoned.source.valid_topic, min_count=len(fits))
-    assert sorted(orjson.loads(m.value())["n"] for m in forwarded) == sorted(fits)
+    forwarded = read_valid(kafka_bootstrap, poisoned.source.valid_topic, min_events=len(fits))
+    assert sorted(f.event["n"] for f in forwarded) == sorted(fits)
     dead = read_all(kafka_bootstrap, poisoned.source.dlq_topic, min_count=len(overflows))
     assert sorted(m.value() for m in dead) == sorted(values[len(fits) :])
     for m in dead:
@@ -226,7 +226,7 @@ def test_json_nested_too_deep_is_dead_lettered(
     h = headers_of(dead)
     assert h[constants.HDR_ERROR_CLASS] == v.INVALID_JSON.encode()
     assert b"nested deeper than 64 levels" in h[constants.HDR_ERROR_MESSAGE]
-    assert len(read_all(kafka_bootstrap, poisoned.source.valid_topic, min_count=1)) == 1
+    assert len(read_valid(kafka_bootstrap, poisoned.source.valid_topic, min_events=1)) == 1
 
 
 def test_keys_whose_fields_contain_the_separator_stay_apart(
@@ -243,8 +243,8 @@ def test_keys_whose_fields_contain_the_separator_stay_apart(
         kafka_bootstrap, poisoned.topic, [orjson.dumps(event(i, a=a, b=b)) for i, (a, b) in enumerate(pairs)]
     )
     ingest_all(kafka_bootstrap, unique, [poisoned], len(pairs))
-    forwarded = read_all(kafka_bootstrap, poisoned.source.valid_topic, min_count=len(pairs))
-    keys = {m.key().decode() for m in forwarded}
+    forwarded = read_valid(kafka_bootstrap, poisoned.source.valid_topic, min_events=len(pairs))
+    keys = {f.key for f in forwarded}
     assert keys == {constants.join_key(list(p)) for p in pairs}
     assert len(keys) == len(pairs)
 

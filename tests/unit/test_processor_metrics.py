@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from prometheus_client import generate_latest
 
 from services.processor.metrics import JobMetricsListener, metrics_from_progress
@@ -55,6 +56,25 @@ def test_a_progress_report_becomes_the_job_metrics() -> None:
     assert m.commit_duration_ms == 57 + 73 + 123
     assert m.consumer_lag_records == 5 + 2
     assert m.malformed_rows == 2
+
+
+def test_a_batch_of_packs_reports_the_events_it_read_not_its_kafka_records() -> None:
+    """Spark counts Kafka records; a `.valid` record may pack many events (shared/packs.py): the
+    rows and rates are the events read, as the malformed-rows observation counts them (both sources
+    of a join)."""
+    packed = {
+        **PROGRESS,
+        "numInputRows": 4,
+        "observedMetrics": {
+            "sf_malformed": {"rows": 1, "events": 600},
+            "sf_malformed_joined": {"events": 200},
+        },
+    }
+    m = metrics_from_progress(packed)
+    assert m.input_rows == 800
+    assert m.input_rows_per_second == pytest.approx(11.4 * 200)
+    assert m.processed_rows_per_second == pytest.approx(0.8 * 200)
+    assert m.malformed_rows == 1
 
 
 def test_first_batches_have_no_watermark_and_stateless_jobs_no_state() -> None:

@@ -10,9 +10,9 @@ import orjson
 from services.processor.warmup import (
     STALE_AFTER_S,
     Synthetic,
-    events_read,
     fill_backlog,
     new_tag,
+    records_read,
     shape_of,
     shaped_like,
     stale_topics,
@@ -21,19 +21,19 @@ from services.processor.warmup import (
 from shared.jobspec import JobSpec
 
 
-def test_the_events_read_are_the_sources_end_offsets_however_many_reports_spark_kept() -> None:
+def test_the_records_read_are_the_sources_end_offsets_however_many_reports_spark_kept() -> None:
     # Spark's progress JSON gives a Kafka source's offsets as an object (parsed) or, from some
-    # sources, as the JSON text; the warm-up's topic is new, so its end offsets count its events.
+    # sources, as the JSON text; the warm-up's topic is new, so its end offsets count its records.
     progress = {
         "batchId": 250,  # past the 100 reports recentProgress keeps: a sum over those would undercount
         "numInputRows": 412,
         "sources": [{"endOffset": {"_sf-warmup-x.valid": {"0": 312_345}}}],
     }
-    assert events_read(progress) == 312_345
+    assert records_read(progress) == 312_345
     as_text = {"sources": [{"endOffset": '{"_sf-warmup-x.valid": {"0": 7, "1": 5}}'}]}
-    assert events_read(as_text) == 12
-    assert events_read(None) == 0  # no batch ran
-    assert events_read({"sources": [{"endOffset": None}]}) == 0
+    assert records_read(as_text) == 12
+    assert records_read(None) == 0  # no batch ran
+    assert records_read({"sources": [{"endOffset": None}]}) == 0
 
 
 def test_the_backlog_stops_at_its_deadline_and_counts_only_what_was_sent() -> None:
