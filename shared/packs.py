@@ -1,13 +1,15 @@
 """The records of ``<topic>.valid``: one validated event each, or a pack of many.
 
-A record's value is one of:
+Every event ingest forwards is its normalised JSON object with its key last, in the field ``__key``
+(a source's fields may not start with ``__``, so it cannot clash): ingest's validator writes it so
+(services/ingest/validate.py), and the object is then a pack's element as it is. A record's value is:
 
-- **one event**: the normalised event as a JSON object; its key is the record's key. Ingest writes
-  this form for a record with headers (a trace context), for an event too large for a pack, and when
-  packing is off (``SF_INGEST_VALID_PACK_BYTES=0``); ingest's HTTP endpoint always writes it.
-- **a pack**: a JSON array of events, in the order ingest read them, each with its key in the field
-  ``__key`` (a source's fields may not start with ``__``, so it cannot clash). The record has no key;
-  its partition is the one the events' keys map to (``partition_for``), as a keyed record's would be.
+- **a pack**: a JSON array of events, in the order ingest read them. The record has no key; its
+  partition is the one the events' keys map to (``partition_for``), as a keyed record's would be.
+- **one event**: the object alone, keyed by its key. Ingest writes this form for a record with
+  headers (a trace context), for an event too large for a pack, and when packing is off
+  (``SF_INGEST_VALID_PACK_BYTES=0``). An object without ``__key`` (written by something other than
+  ingest, or before packs) has the record's key as its key.
 
 Why packs: Spark's cost per Kafka record (the source's row, a JSON parser set up per ``from_json``
 call) was ~8 µs of the ~11 µs its plan spent per event; parsing a hundred events in one call spends
@@ -29,7 +31,9 @@ PACK_FRAMING_BYTES = 2  # "[" and "]"; each element after the first adds a ","
 
 
 def packed_event(key: str, event: bytes) -> bytes:
-    """An event (a normalised JSON object) as a pack element: the same object with ``__key`` first."""
+    """An event (a JSON object without its key) as a pack element: the same object with ``__key``
+    first. For writers that have the two apart (the processor's warm-up, tests); ingest's validator
+    writes the key into the object itself."""
     rest = event[1:] if len(event) > 2 else b"}"  # "{}" has no field to follow the key
     sep = b"," if len(event) > 2 else b""
     return _KEY_PREFIX + orjson.dumps(key) + sep + rest
@@ -51,7 +55,8 @@ def events_of(key: bytes | None, value: bytes | None) -> list[tuple[str | None, 
     """
     parsed = orjson.loads(value or b"null")
     if isinstance(parsed, dict):
-        return [(key.decode() if key is not None else None, parsed)]
+        record_key = key.decode() if key is not None else None
+        return [(parsed.pop(PACK_KEY_FIELD, record_key), parsed)]
     if isinstance(parsed, list) and all(isinstance(e, dict) for e in parsed):
         return [(e.pop(PACK_KEY_FIELD, None), e) for e in parsed]
     raise ValueError(f"not a .valid record: {(value or b'')[:80]!r}")

@@ -67,7 +67,7 @@ from shared.kafka import (
     topic_shape,
 )
 from shared.metrics import DLQ_EVENTS, LATE_EVENTS, PROCESSING_LATENCY, RECORDS_PROCESSED, WATERMARK_LAG_MS
-from shared.packs import PACK_FRAMING_BYTES, pack, packed_event
+from shared.packs import PACK_FRAMING_BYTES, pack
 from shared.watchdog import CallWatchdog
 
 log = logging.getLogger(__name__)
@@ -533,13 +533,12 @@ class Ingest:
                 headers = headers or None
                 if packer is not None:
                     part, most = packer.slot(out, result.key)
-                    if headers is None:
-                        element = packed_event(result.key, result.value)
-                        if len(element) + PACK_FRAMING_BYTES <= most:
-                            closed = packer.add(out, part, most, element, (m, topic))
-                            if closed is not None:
-                                self._produce_pack(closed, targets, forwarded, rejected)
-                            continue
+                    # The value has the key in it: it is a pack's element as it is (shared/packs.py).
+                    if headers is None and len(result.value) + PACK_FRAMING_BYTES <= most:
+                        closed = packer.add(out, part, most, result.value, (m, topic))
+                        if closed is not None:
+                            self._produce_pack(closed, targets, forwarded, rejected)
+                        continue
                     # This one goes alone (a trace context, or too big): after the events before it.
                     earlier = packer.take(out, part)
                     if earlier is not None:

@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
+from zlib import crc32
 
-from shared.packs import PACK_FRAMING_BYTES, partition_for
+from shared.packs import PACK_FRAMING_BYTES
 
 # A partition the producer's partitioner picks (confluent_kafka's RD_KAFKA_PARTITION_UA): used while a
 # topic's partition count is unknown.
@@ -50,7 +51,8 @@ class Packer:
             limit = min(self._limit, max_bytes * 3 // 4 - TOPIC_MARGIN_BYTES) if max_bytes else self._limit
             known = self._topics[topic] = (partitions, limit)
         partitions, limit = known
-        return (partition_for(key, partitions) if partitions > 0 else ANY_PARTITION), limit
+        # partition_for, inlined (once per event)
+        return (crc32(key.encode()) % partitions if partitions > 0 else ANY_PARTITION), limit
 
     def add(self, topic: str, partition: int, limit: int, element: bytes, member: Any) -> Pack | None:
         """Add an element; returns the pack it closed (to produce now), if any."""

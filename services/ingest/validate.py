@@ -19,6 +19,7 @@ import orjson
 
 from shared.constants import escape_key_part
 from shared.jobspec import FieldType, Source, TimeFormat
+from shared.packs import PACK_KEY_FIELD
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,9 @@ class ValidEvent(msgspec.Struct, frozen=True, gc=False):
     NamedTuple in 0.75 and a frozen dataclass in more)."""
 
     key: str
-    value: bytes  # normalised JSON: declared fields only, event time as epoch milliseconds
+    # Normalised JSON: declared fields only, event time as epoch milliseconds, then the key in
+    # "__key" (shared/packs.py): the value is a pack's element as it is.
+    value: bytes
     event_time_ms: int
 
 
@@ -198,6 +201,9 @@ _TYPED_TIME: dict[TimeFormat, Any] = {
 }
 
 
+_KEY_ATTR = "sf_key"  # the typed path's attribute for "__key" (source fields are f0, f1, ...)
+
+
 class _TypedPath:
     """A stream's records decoded straight into their declared fields and written back out, in C.
 
@@ -223,9 +229,10 @@ class _TypedPath:
             (attr[n], _TYPED_TIME[fmt] if t is FieldType.TIMESTAMP else _TYPED[t], None)
             for n, t in source.fields.items()
         ]
-        event = msgspec.defstruct(
-            "Event", fields, rename={a: n for n, a in attr.items()}, gc=False, omit_defaults=False
-        )
+        # Last, the key (shared/packs.py): written by check(), whatever a raw record had there.
+        fields.append((_KEY_ATTR, str | None, None))
+        rename = {**{a: n for n, a in attr.items()}, _KEY_ATTR: PACK_KEY_FIELD}
+        event = msgspec.defstruct("Event", fields, rename=rename, gc=False, omit_defaults=False)
         self._decode = msgspec.json.Decoder(event).decode
         self._encode = msgspec.json.Encoder().encode
         self._format = fmt
@@ -256,6 +263,7 @@ class _TypedPath:
                 key = str(self._key(event))
             else:  # shared.constants.join_key, inlined
                 key = "|".join([escape_key_part(str(getattr(event, k))) for k in self._keys])
+            setattr(event, _KEY_ATTR, key)
             return ValidEvent(key, self._encode(event), event_time_ms)
         except Exception:  # any surprise: the full path decides, and says why
             return None
@@ -311,6 +319,7 @@ class RecordValidator:
             key = str(out[self._key[0]])
         else:  # shared.constants.join_key, inlined
             key = "|".join([escape_key_part(str(out[k])) for k in self._key])
+        out[PACK_KEY_FIELD] = key
         return ValidEvent(key, orjson.dumps(out), event_time_ms)
 
     def check(self, raw: bytes | None, now_ms: int) -> ValidEvent | Rejection:

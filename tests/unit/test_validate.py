@@ -50,6 +50,7 @@ def test_valid_event_is_keyed_and_normalised() -> None:
         "n": 3,
         "x": 2.0,
         "ok": None,
+        "__key": "/a|u1",  # last: the value is a pack's element as it is (shared/packs.py)
     }
 
 
@@ -147,7 +148,7 @@ def test_validate_never_raises_and_output_is_well_formed(raw: bytes, iso: bool) 
         assert out.message
     else:
         doc = orjson.loads(out.value)
-        assert set(doc) == set(SOURCE.fields)
+        assert set(doc) == {*SOURCE.fields, "__key"} and doc["__key"] == out.key
         assert doc["ts"] == out.event_time_ms
         assert isinstance(doc["page"], str) and isinstance(doc["user"], str)
 
