@@ -82,7 +82,8 @@ def event_schema(source: Source) -> T.StructType:
 def record_schema(source: Source) -> T.ArrayType:
     """A ``.valid`` record's value (shared/packs.py): a pack of events, each with its key in ``__key``.
 
-    ``from_json`` with this schema reads a lone event object as a pack of one, without ``__key``.
+    ``from_json`` with this schema reads a lone event object as a pack of one (an object written by
+    something other than ingest may have no ``__key``: its record's key is its key).
     """
     element = event_schema(source).add(T.StructField(PACK_KEY_FIELD, T.StringType(), True))
     return T.ArrayType(element, True)

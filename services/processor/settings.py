@@ -69,12 +69,14 @@ class ProcessorSettings(BaseServiceSettings):
     # Spark's web UI, on 127.0.0.1 only and without its kill links; off saves ~50 MB and a port.
     spark_ui_enabled: bool = True
     spark_ui_port: int = 4040
-    # Bounds one micro-batch after a backlog, so a restart does not build one giant batch.
+    # Bounds one micro-batch after a backlog, so a restart does not build one giant batch. Kafka
+    # records, not events: a record of ingest's holds a pack of events (shared/packs.py), up to a few
+    # hundred, so with packs this bounds little (tests/bench/README.md, Events packed many to a record).
     max_offsets_per_trigger: int = Field(200_000, ge=1)
     # A windowed micro-batch job reads a Kafka partition's records of one batch in tasks of at most
     # this many (Spark's maxRecordsPerPartition): a full batch from a one-partition topic is parsed on
     # both cores; the halves of one from a two-partition topic (~100,000 each) and a batch of fresh
-    # records stay one task per partition. 0: one task per partition.
+    # records stay one task per partition. 0: one task per partition. Records too, not events (above).
     max_records_per_read_task: int = Field(120_000, ge=0)
     metrics_port: int = 9102
     # JobCommands and grpc.health.v1 (control calls it; 0 picks a free port).
