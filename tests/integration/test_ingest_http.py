@@ -15,7 +15,7 @@ from services.ingest.streams import StreamDefinition
 from shared import constants
 from shared.kafka import ensure_topics
 from tests.integration.test_ingest import BASE_MS, HTTP_TOKEN, drain, ingest_settings, stream_definition
-from tests.kafka_util import produce_all, read_all
+from tests.kafka_util import produce_all, read_all, read_valid
 
 pytestmark = pytest.mark.integration
 
@@ -93,10 +93,8 @@ def test_accepted_events_are_forwarded_and_refused_ones_dead_lettered(
 
     # The accepted ones go through the Kafka loop like any other event: forwarded once, keyed.
     assert drain(ingest, len(good)) == len(good)
-    valid = read_all(kafka_bootstrap, stream.source.valid_topic, min_count=len(good))
-    assert sorted((m.key().decode(), orjson.loads(m.value())["v"]) for m in valid) == sorted(
-        (e["page"], float(e["v"])) for e in good
-    )
+    valid = read_valid(kafka_bootstrap, stream.source.valid_topic, min_events=len(good))
+    assert sorted((f.key, f.event["v"]) for f in valid) == sorted((e["page"], float(e["v"])) for e in good)
 
     wm = client.get(f"/v1/streams/{stream.topic}/watermark").json()
     assert wm["watermark_ms"] is None or wm["watermark_ms"] <= BASE_MS + 39
