@@ -8,7 +8,7 @@ import time
 from collections.abc import Iterable
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType, TopicMetadata
 
 from shared import constants
 from shared.clock import wall_clock_ms
@@ -46,8 +46,8 @@ def ensure_topics(bootstrap: str, topics: Iterable[str], partitions: int, timeou
 
 def partition_count(bootstrap: str, topic: str, timeout_s: float = 10.0) -> int:
     """How many partitions ``topic`` has (0 if it does not exist)."""
-    found = admin(bootstrap).list_topics(topic, timeout=timeout_s).topics.get(topic)
-    return len(found.partitions) if found is not None and found.error is None else 0
+    found = _topic_metadata(admin(bootstrap), topic, timeout_s)
+    return len(found.partitions) if found is not None else 0
 
 
 def topic_shape(bootstrap: str, topic: str, timeout_s: float = 10.0) -> tuple[int, int]:
@@ -55,13 +55,18 @@ def topic_shape(bootstrap: str, topic: str, timeout_s: float = 10.0) -> tuple[in
     ``max.message.bytes``, the broker's default unless the topic sets its own); (0, 0) if it does
     not exist."""
     client = admin(bootstrap)
-    found = client.list_topics(topic, timeout=timeout_s).topics.get(topic)
-    if found is None or found.error is not None:
+    found = _topic_metadata(client, topic, timeout_s)
+    if found is None:
         return 0, 0
     resource = ConfigResource(ResourceType.TOPIC, topic)
     configs = client.describe_configs([resource], request_timeout=timeout_s)[resource].result(timeout_s)
     entry = configs.get("max.message.bytes")
     return len(found.partitions), int(entry.value) if entry is not None and entry.value else 0
+
+
+def _topic_metadata(client: AdminClient, topic: str, timeout_s: float) -> TopicMetadata | None:
+    found = client.list_topics(topic, timeout=timeout_s).topics.get(topic)
+    return found if found is not None and found.error is None else None
 
 
 def consumer_config(bootstrap: str, group_id: str, **extra: object) -> dict[str, object]:

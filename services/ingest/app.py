@@ -74,6 +74,10 @@ log = logging.getLogger(__name__)
 SERVICE = "ingest"
 POLL_EVERY = 1_000  # serve delivery reports every this many produced records, not after each one
 UNWRITABLE = "unwritable"  # dlq_events_total reason of a record dropped: even its dead letter was refused
+# A .valid topic's shape (for packs) is asked at stream set-up within this long; one that could not be
+# is asked again, between batches, this long after.
+SHAPE_TIMEOUT_S = 5.0
+SHAPE_RETRY_S = 30.0
 
 Headers = list[tuple[str, str | bytes | None]]
 Consumed = tuple[Message, str, int, int]  # a record and its topic, partition, offset
@@ -151,13 +155,15 @@ class Ingest:
         self.running = threading.Event()
         self._isolation = Isolation()
         self._delivery_errors: list[KafkaError] = []  # of the current transaction (failures only)
-        self._valid_shapes: dict[str, tuple[int, int]] = {}  # for packs: see _valid_topic_shape
+        self._valid_shapes: dict[str, tuple[int, int]] = {}  # for packs: see _learn_valid_shapes
+        self._shapes_retry_at: float | None = None  # time.monotonic(): when to ask again for unknown ones
 
     # --- lifecycle ------------------------------------------------------------------------------
     def start(self, *, track_progress: bool = True) -> None:
         s = self.settings
         if self.streams:
             ensure_topics(s.kafka_bootstrap, family_topics(self.streams.values()), s.topic_partitions)
+            self._learn_valid_shapes()
         self._producer = Producer(
             {
                 "bootstrap.servers": s.kafka_bootstrap,
@@ -284,8 +290,9 @@ class Ingest:
                 s = self.settings
                 ensure_topics(s.kafka_bootstrap, family_topics(new.values()), s.topic_partitions)
             resubscribe = set(update.streams) != set(self.streams)
-            self._valid_shapes.clear()
             self.streams = update.streams
+            if new:
+                self._learn_valid_shapes()
             for topic in list(self.watermarks):
                 if topic not in self.streams:
                     del self.watermarks[topic]
@@ -392,6 +399,8 @@ class Ingest:
         assert self._consumer is not None and self._producer is not None, "start() first"
         s = self.settings
         self._apply_update()
+        if self._shapes_retry_at is not None and time.monotonic() >= self._shapes_retry_at:
+            self._learn_valid_shapes()
         if self._to_restore and not self._restore_assigned():
             return BatchStats()
         self._sync_remote_progress()
@@ -612,18 +621,27 @@ class Ingest:
         for _, topic in p.members:
             forwarded[topic] += 1
 
-    def _valid_topic_shape(self, topic: str) -> tuple[int, int]:
-        """A .valid topic's partition count and max.message.bytes, asked once per stream set; (0, 0)
-        if unknown (its packs then go to any partition, at the setting's size)."""
-        shape = self._valid_shapes.get(topic)
-        if shape is None:
+    def _learn_valid_shapes(self) -> None:
+        """Ask for each stream's .valid topic's partition count and max.message.bytes (what packs are
+        cut to), at stream set-up: never inside a transaction, where a broker that does not answer would
+        hold it open. A topic that cannot be described is (0, 0) (its packs go to any partition, at the
+        setting's size) and asked again before a batch ``SHAPE_RETRY_S`` later."""
+        shapes: dict[str, tuple[int, int]] = {}
+        unknown = False
+        for d in self.streams.values():
+            topic = d.source.valid_topic
             try:
-                shape = topic_shape(self.settings.kafka_bootstrap, topic, timeout_s=KAFKA_TIMEOUT_S)
+                shapes[topic] = topic_shape(self.settings.kafka_bootstrap, topic, timeout_s=SHAPE_TIMEOUT_S)
             except (KafkaException, TimeoutError) as e:
-                log.warning("cannot describe %s (its packs go to any partition): %s", topic, e)
-                shape = (0, 0)
-            self._valid_shapes[topic] = shape
-        return shape
+                log.warning("cannot describe %s (its packs go to any partition for now): %s", topic, e)
+                unknown = True
+            else:
+                unknown = unknown or shapes[topic] == (0, 0)
+        self._valid_shapes = shapes
+        self._shapes_retry_at = time.monotonic() + SHAPE_RETRY_S if unknown else None
+
+    def _valid_topic_shape(self, topic: str) -> tuple[int, int]:
+        return self._valid_shapes.get(topic, (0, 0))
 
     def _dead_letter(self, m: Message, dlq_topic: str, rejection: Rejection) -> None:
         """The original record with why it was refused, cut down to the message limit if need be."""

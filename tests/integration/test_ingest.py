@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 import pytest
 from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
 from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import REGISTRY
@@ -181,6 +182,42 @@ def test_forwarded_events_are_packed_in_their_keys_partitions_in_order(
     else:
         assert len(records) == len(good)
         assert all(m.key() == orjson.loads(m.value())["page"].encode() for m in records.values())
+
+
+def test_streams_from_control_pack_to_their_valid_topics_shape(kafka_bootstrap: str, unique: str) -> None:
+    """Streams that arrive at run time (apply_streams, as control sends them) get packs cut to their
+    `.valid` topic as it is: its partition count (each key's events in its partition) and its own
+    max.message.bytes, smaller than the setting (asked when the streams are applied, not inside a
+    transaction)."""
+    stream = stream_definition(unique)
+    ensure_topics(kafka_bootstrap, [stream.topic], partitions=1)
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    valid = stream.source.valid_topic
+    small = NewTopic(valid, num_partitions=2, replication_factor=1, config={"max.message.bytes": "4096"})
+    admin.create_topics([small])[valid].result(30)
+    good = [{"page": f"/p{i % 5}", "ts": BASE_MS + i, "v": i} for i in range(1_000)]
+    produce_all(kafka_bootstrap, stream.topic, [orjson.dumps(e) for e in good])
+
+    settings = ingest_settings(kafka_bootstrap, unique, valid_pack_bytes=16_384, topic_partitions=3)
+    ingest = Ingest(settings, [], tracer=trace.NoOpTracer())
+    ingest.start(track_progress=False)
+    loop = threading.Thread(target=ingest.run, daemon=True)
+    loop.start()
+    try:
+        assert ingest.apply_streams([stream]) == [stream.topic]
+        forwarded = read_valid(kafka_bootstrap, valid, min_events=len(good))
+    finally:
+        ingest.stop()
+        loop.join(30)
+        ingest.close()
+
+    assert sorted(f.event["ts"] for f in forwarded) == [e["ts"] for e in good]
+    assert {f.message.partition() for f in forwarded} == {0, 1}
+    for f in forwarded:
+        assert f.message.partition() == partition_for(f.event["page"], 2)
+    packs = {(f.message.partition(), f.message.offset()): f.message for f in forwarded}
+    assert len(packs) < len(good) // 10
+    assert max(len(m.value()) for m in packs.values()) <= 4_096 * 3 // 4
 
 
 def test_restart_resumes_after_committed_offsets(kafka_bootstrap: str, unique: str) -> None:
