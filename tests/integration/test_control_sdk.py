@@ -4,7 +4,6 @@ Kafka, and a fake processor over real gRPC."""
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -27,6 +26,7 @@ from tests.integration.test_control_fakes import (
     wait_until,
 )
 from tests.kafka_util import read_all
+from tests.net_util import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -36,9 +36,7 @@ CLICKS = {"page": "string", "user": "string", "ts": "timestamp", "latency_ms": "
 
 @pytest.fixture
 def server_url(plane: ControlPlane) -> Iterator[str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(create_app(plane.settings, plane), host="127.0.0.1", port=port, log_level="warning")
     )

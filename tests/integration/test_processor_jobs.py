@@ -7,6 +7,7 @@ plain-Python oracle; versions must keep growing across every restore.
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 import time
@@ -24,6 +25,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from pyspark.sql import SparkSession
 
 from infra.datagen import oracle_window_counts
+from infra.spark_standalone import SparkMaster, spark_conf
 from services.processor import savepoints
 from services.processor.grpc_server import grpc_services
 from services.processor.jobs import JobManager
@@ -52,6 +54,7 @@ from shared.records import WindowResult
 from shared.tracing import TRACEPARENT, flush_tracing, setup_tracing
 from tests.integration.test_processor import spark  # noqa: F401  (the shared session fixture)
 from tests.kafka_util import produce_keyed, read_all
+from tests.net_util import free_port
 from tests.spark_util import run_own_driver
 
 pytestmark = pytest.mark.integration
@@ -619,3 +622,36 @@ def test_a_warm_up_initialises_sparks_icu_case_mapping(tmp_path: Path) -> None:
     assert "batches: 0" in lines  # the warm-up's job gave up, without Kafka
     assert "initialised after: True" in lines, lines
     assert "mapped: [('i\u0307ä0', 'SSǄ0', 'ǅa B0')]" in lines, lines  # ICU's full case mappings
+
+
+CASE_MAPPING_WITHOUT_EXECUTORS = """
+import json, sys
+from services.processor.app import build_spark
+from services.processor.settings import ProcessorSettings
+from services.processor.warmup import warm_case_mapping
+data, master, conf = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+settings = ProcessorSettings(
+    spark_ui_enabled=False, data_dir=data, kafka_bootstrap="127.0.0.1:1", spark_master=master,
+    spark_conf=conf,
+)
+spark = build_spark(settings, [])
+print("mapped:", warm_case_mapping(spark, timeout_s=3))
+spark.stop()
+"""
+
+
+def test_the_case_mapping_warm_up_gives_up_when_no_executor_comes(tmp_path: Path) -> None:
+    """A new application on a cluster with no free core waits for its first executor: the warm-up's
+    case mapping is cancelled at its timeout (a restarted processor's warm-up outlasted its bound by
+    30-50 s there, and it registered late), not left waiting."""
+    master = SparkMaster(tmp_path / "run", free_port(), free_port())  # no worker: no executor ever comes
+    master.start()
+    try:
+        master.wait_ready(60)
+        conf = json.dumps(spark_conf(tmp_path / "run"))
+        lines = run_own_driver(
+            CASE_MAPPING_WITHOUT_EXECUTORS, str(tmp_path / "data"), master.url, conf, timeout=120
+        )
+    finally:
+        master.stop()
+    assert "mapped: []" in lines, lines

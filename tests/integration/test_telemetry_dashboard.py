@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,14 +16,9 @@ from services.control.dashboard.data import collect
 from services.control.store import JobRecord, JobStore
 from shared import constants
 from shared.jobstate import JobState
+from tests.net_util import free_port
 
 pytestmark = pytest.mark.integration
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class _Instance:
@@ -38,7 +32,7 @@ class _Instance:
             "processing_latency_seconds", "x", ["service", "job"], registry=self.registry, buckets=(0.1, 1.0)
         )
         self.lag = Gauge("watermark_lag_ms", "x", ["service", "job"], registry=self.registry)
-        self.port = _free_port()
+        self.port = free_port()
         self.server, self.thread = start_http_server(self.port, addr="127.0.0.1", registry=self.registry)
 
     @property
@@ -79,7 +73,7 @@ def test_replicas_add_up_duplicates_count_once_failures_are_named(
             _window(redis_client, job, key, base + w * 10_000, views)
             expected[key][base + w * 10_000] = views
 
-    dead = f"http://127.0.0.1:{_free_port()}/metrics"
+    dead = f"http://127.0.0.1:{free_port()}/metrics"
     sources = DashboardSources(
         metrics_urls={
             "ingest-0": ingest_a.url,

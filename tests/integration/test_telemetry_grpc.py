@@ -6,7 +6,6 @@ OpenTelemetry support with our provider, and the interceptors from shared.tracin
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
@@ -29,6 +28,7 @@ from shared.tracing import (
     grpc_server_interceptor,
     setup_tracing,
 )
+from tests.net_util import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -59,9 +59,7 @@ def traced() -> Iterator[tuple[TestClient, _Jobs, InMemorySpanExporter, InMemory
     jobs = _Jobs()
     server = grpc.server(ThreadPoolExecutor(max_workers=2), interceptors=[grpc_server_interceptor(processor)])
     pb_grpc.add_JobCommandsServicer_to_server(jobs, server)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     server.add_insecure_port(f"127.0.0.1:{port}")
     server.start()
     channel = grpc.intercept_channel(
