@@ -100,7 +100,11 @@ class Forwarded:
 def read_valid(bootstrap: str, topic: str, timeout_s: float = 30.0, min_events: int = 0) -> list[Forwarded]:
     """Every event of a `.valid` topic, in each partition's order, whether a record holds one event
     or a pack of them (shared/packs.py)."""
-    records = read_all(
-        bootstrap, topic, timeout_s, min_events, counted=lambda m: len(events_of(m.key(), m.value()))
-    )
-    return [Forwarded(k, e, m) for m in records for k, e in events_of(m.key(), m.value())]
+    events: dict[int, list[tuple[str | None, dict[str, Any]]]] = {}  # per record read (id: read_all keeps it)
+
+    def count(m: Message) -> int:
+        found = events[id(m)] = events_of(m.key(), m.value())
+        return len(found)
+
+    records = read_all(bootstrap, topic, timeout_s, min_events, counted=count)
+    return [Forwarded(k, e, m) for m in records for k, e in events[id(m)]]

@@ -81,16 +81,21 @@ def local_fs_options(settings: ProcessorSettings) -> dict[str, str]:
 
     Without Hadoop's native library, every checkpoint file the driver's tasks create (offset and
     commit logs, state changelogs, their checksums) forked the ~1 GB JVM for `chmod`: ~17 processes
-    per micro-batch. Only with a local master: the class is on this driver's class path alone, and
-    executors elsewhere would not find it.
+    per micro-batch. The file system only with a local master: the class is on this driver's class
+    path alone, and executors elsewhere would not find it. With a cluster master the jar still goes on
+    the driver's class path: the class archive was made with it there, and a JVM started on another
+    class path cannot map the archive's classes ("The top archive failed to load", seen on the
+    cluster's processors, whose sessions then started slower).
     """
     jar = settings.local_fs_jar
-    if not jar or not settings.spark_master.startswith("local"):
+    if not jar:
         return {}
     if not Path(jar).is_file():
         log.warning("local file system jar %s not found: Hadoop's own (a chmod process per file)", jar)
         return {}
     path = ":".join(p for p in (jar, settings.spark_conf.get(DRIVER_CLASS_PATH, "")) if p)
+    if not settings.spark_master.startswith("local"):
+        return {DRIVER_CLASS_PATH: path}
     return {DRIVER_CLASS_PATH: path, "spark.hadoop.fs.file.impl": FORKLESS_LOCAL_FS}
 
 

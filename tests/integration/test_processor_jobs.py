@@ -624,34 +624,47 @@ def test_a_warm_up_initialises_sparks_icu_case_mapping(tmp_path: Path) -> None:
     assert "mapped: [('i\u0307ä0', 'SSǄ0', 'ǅa B0')]" in lines, lines  # ICU's full case mappings
 
 
-CASE_MAPPING_WITHOUT_EXECUTORS = """
+ON_A_CLUSTER_WITHOUT_EXECUTORS = """
 import json, sys
+from pathlib import Path
+from infra.class_archive import processor_jvm_settings
 from services.processor.app import build_spark
 from services.processor.settings import ProcessorSettings
 from services.processor.warmup import warm_case_mapping
-data, master, conf = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+data, master, conf, loads = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), Path(sys.argv[4])
 settings = ProcessorSettings(
     spark_ui_enabled=False, data_dir=data, kafka_bootstrap="127.0.0.1:1", spark_master=master,
-    spark_conf=conf,
+    spark_conf={**conf, "spark.driver.extraJavaOptions": f"-Xlog:class+load=info:file={loads}"},
+    **processor_jvm_settings(),
 )
 spark = build_spark(settings, [])
+print("SparkContext from:", [l.split("source: ")[1] for l in loads.read_text().splitlines()
+                             if "org.apache.spark.SparkContext " in l])
 print("mapped:", warm_case_mapping(spark, timeout_s=3))
 spark.stop()
 """
 
 
-def test_the_case_mapping_warm_up_gives_up_when_no_executor_comes(tmp_path: Path) -> None:
-    """A new application on a cluster with no free core waits for its first executor: the warm-up's
-    case mapping is cancelled at its timeout (a restarted processor's warm-up outlasted its bound by
-    30-50 s there, and it registered late), not left waiting."""
-    master = SparkMaster(tmp_path / "run", free_port(), free_port())  # no worker: no executor ever comes
+def test_a_processor_on_a_spark_cluster_maps_its_class_archive_and_waits_for_no_executor(
+    tmp_path: Path,
+) -> None:
+    """A processor whose master is a Spark cluster (no worker here: no executor ever comes):
+    - its driver JVM maps the class archive set-up made (infra/class_archive.py): the archive was made
+      with the local file system's jar on the class path, which a cluster's driver keeps there too
+      (without it: "The top archive failed to load", and a slower start);
+    - the warm-up's case mapping, which waits for an executor, is cancelled at its timeout, not left
+      waiting (a restarted processor's warm-up outlasted its bound by 30-50 s there, and it
+      registered late)."""
+    master = SparkMaster(tmp_path / "run", free_port(), free_port())
     master.start()
     try:
         master.wait_ready(60)
         conf = json.dumps(spark_conf(tmp_path / "run"))
+        loads = tmp_path / "class-load.log"
         lines = run_own_driver(
-            CASE_MAPPING_WITHOUT_EXECUTORS, str(tmp_path / "data"), master.url, conf, timeout=120
+            ON_A_CLUSTER_WITHOUT_EXECUTORS, str(tmp_path / "data"), master.url, conf, str(loads), timeout=120
         )
     finally:
         master.stop()
+    assert "SparkContext from: ['shared objects file (top)']" in lines, lines
     assert "mapped: []" in lines, lines

@@ -49,11 +49,11 @@ def test_without_the_jar_or_with_remote_executors_hadoop_keeps_its_own(
     jar = tmp_path / "fs.jar"
     jar.write_bytes(b"PK")
     assert local_fs_options(ProcessorSettings()) == {}
-    # Executors of a cluster do not have the class: they would fail to open a local path.
-    assert (
-        local_fs_options(ProcessorSettings(local_fs_jar=str(jar), spark_master="spark://127.0.0.1:7077"))
-        == {}
-    )
+    # Executors of a cluster do not have the class: they would fail to open a local path. The jar stays
+    # on the driver's class path, where the class archive was made with it.
+    assert local_fs_options(
+        ProcessorSettings(local_fs_jar=str(jar), spark_master="spark://127.0.0.1:7077")
+    ) == {DRIVER_CLASS_PATH: str(jar)}
     with caplog.at_level(logging.WARNING):
         assert local_fs_options(ProcessorSettings(local_fs_jar=str(tmp_path / "gone.jar"))) == {}
     assert "gone.jar not found" in caplog.text
