@@ -37,6 +37,17 @@ JOB_COMMANDS_SERVICE = "streamforge.v1.JobCommands"
 STREAM_CONFIG_SERVICE = "streamforge.v1.StreamConfig"
 HEALTH_SERVICE = "grpc.health.v1.Health"
 
+# A channel's reconnect backoff. gRPC's own grows 1.6-fold from 1 s up to 120 s: a channel to a peer
+# that was away for ~15 s tried it again only ~5 s after it came back (measured: 5.0 s, against 0.5 s
+# with these), and a restarted control's services heartbeated after its grace had run out (every
+# one of them marked lost at once, their jobs moved). The peers are the platform's own services:
+# a connection attempt a second is cheap.
+RECONNECT_OPTIONS: list[tuple[str, int]] = [
+    ("grpc.initial_reconnect_backoff_ms", 500),
+    ("grpc.min_reconnect_backoff_ms", 500),
+    ("grpc.max_reconnect_backoff_ms", 1_000),
+]
+
 # gRPC service -> the identities allowed to call it.
 CALLERS: Mapping[str, frozenset[str]] = {
     REGISTRY_SERVICE: frozenset({"ingest", "processor", "sink"}),
@@ -94,7 +105,7 @@ class TlsIdentity:
         credentials = grpc.ssl_channel_credentials(
             root_certificates=self.ca, private_key=self.key, certificate_chain=self.cert
         )
-        options = [("grpc.ssl_target_name_override", server_name(expected))]
+        options = [("grpc.ssl_target_name_override", server_name(expected)), *RECONNECT_OPTIONS]
         channel = grpc.secure_channel(target, credentials, options=options)
         return grpc.intercept_channel(channel, *interceptors) if interceptors else channel
 
@@ -105,7 +116,7 @@ def open_channel(
     """A TLS channel when ``tls`` is given, a plaintext one otherwise (SF_GRPC_INSECURE)."""
     if tls is not None:
         return tls.channel(target, expected, interceptors)
-    channel = grpc.insecure_channel(target)
+    channel = grpc.insecure_channel(target, options=RECONNECT_OPTIONS)
     return grpc.intercept_channel(channel, *interceptors) if interceptors else channel
 
 

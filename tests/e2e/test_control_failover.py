@@ -4,8 +4,9 @@ One stack for the module (Kafka, Redis; control, ingest, processor and sink proc
 submitted to control over HTTP; the processor runs only what control starts (no spec files). Every
 result is checked against infra.datagen's plain-Python oracle.
 
-- control is SIGKILLed mid-job and started again: the job and its record are intact, the processor
-  heartbeats to the new control, the data that flowed meanwhile is counted exactly.
+- control is SIGKILLed mid-job and started again 15 s later: the job and its record are intact, the
+  services heartbeat to the new control before its grace runs out (none is marked lost), the data
+  that flowed meanwhile is counted exactly.
 - the processor is SIGKILLed: its heartbeats stop, control marks it lost and the job FAILING; a new
   processor process registers, the job is RUNNING again on it from its checkpoint (StartJob with the
   same job id, or the processor resuming its own jobs, which control adopts) and the final results
@@ -52,6 +53,8 @@ CONTROL_ENV = {
 # The processor runs what control tells it, nothing from spec files.
 PROCESSOR_ENV = {"SF_PROCESSOR_JOB_SPECS": "[]"}
 START_MS = 1_767_225_600_000
+# How long the restart test keeps control down (see there).
+CONTROL_DOWN_S = 15.0
 
 
 @dataclasses.dataclass
@@ -181,10 +184,15 @@ def test_control_killed_mid_job_restarts_with_jobs_and_results_intact(stack: Sta
         before = http.get(f"/jobs/{job_id}").json()
 
     kill9(cfg, "control")
+    down_at = time.monotonic()
     # The data plane does not need control: the second half flows while it is down.
     produce_all(cfg.bootstrap, topic, data.records[half:])
+    # Down this long, gRPC's default reconnect backoff would have the services try control again
+    # ~5 s after it is back, past its grace (the heartbeat timeout): all of them marked lost.
+    time.sleep(max(0.0, CONTROL_DOWN_S - (time.monotonic() - down_at)))
     start(cfg, "control", stack.tag)
     wait_service_ready(cfg, "control", timeout_s=60)
+    ready_at = time.monotonic()
 
     expected = oracle_window_counts(first + second, 5_000)
     with stack.http() as http:
@@ -201,6 +209,16 @@ def test_control_killed_mid_job_restarts_with_jobs_and_results_intact(stack: Sta
         got = wait_for("exact results", lambda: (r := results(http, job_id)) == expected and r, 180, cfg)
         assert got == expected
         assert status(http, job_id)["state"] == "RUNNING"
+        # Every service found the new control within its grace (a heartbeat timeout from its start;
+        # the records it loaded say "alive" until then): none was marked lost, the job never left
+        # its processor.
+        grace_s = int(CONTROL_ENV["SF_CONTROL_HEARTBEAT_TIMEOUT_MS"]) / 1000
+        time.sleep(max(0.0, grace_s + 2 - (time.monotonic() - ready_at)))
+        services = http.get("/services").json()["services"]
+        assert {r["service"] for r in services} == {"ingest", "processor", "sink"}, services
+        assert all(r["health"] == "alive" for r in services), services
+        history = [t["state"] for t in http.get(f"/jobs/{job_id}").json()["history"]]
+        assert history == ["CREATED", "RUNNING"], history
         canceled = http.post(f"/jobs/{job_id}/cancel")
         assert canceled.status_code == 200 and canceled.json()["state"] == "CANCELED", canceled.text
 
