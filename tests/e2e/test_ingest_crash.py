@@ -236,14 +236,25 @@ def count_including_aborted(bootstrap: str, topic: str, timeout_s: float = 60) -
 def check_exactly_once(bootstrap: str, topic: str, load: Load) -> tuple[int, int]:
     """Every good event once on the valid or late topic, every bad record once on the DLQ.
 
-    Returns (records committed on the three topics, late events)."""
-    valid = read_all(bootstrap, f"{topic}.valid", min_count=1)
-    late = read_all(bootstrap, f"{topic}.late")
-    dead = read_all(bootstrap, f"{topic}.dlq", min_count=len(load.bad))
-    events = [e for m in valid for _, e in events_of(m.key(), m.value())]  # packs (shared/packs.py)
-    seen = Counter(int(e["v"]) for e in [*events, *(orjson.loads(m.value()) for m in late)])
-    twice = sorted(i for i, n in seen.items() if n > 1)
-    missing = sorted(set(load.good) - set(seen))
+    Returns (records committed on the three topics, late events).
+
+    A replica killed for good leaves its open transaction to the broker, which aborts it only after
+    the transaction timeout and its next clean-up round (up to 10 s more). Until then a read_committed
+    reader stops at that transaction's first record (the last stable offset), before every record
+    the other replicas committed after it: read again until the events are there or the time is up.
+    """
+    deadline = time.monotonic() + 60
+    while True:
+        valid = read_all(bootstrap, f"{topic}.valid", min_count=1)
+        late = read_all(bootstrap, f"{topic}.late")
+        dead = read_all(bootstrap, f"{topic}.dlq", min_count=len(load.bad))
+        events = [e for m in valid for _, e in events_of(m.key(), m.value())]  # packs (shared/packs.py)
+        seen = Counter(int(e["v"]) for e in [*events, *(orjson.loads(m.value()) for m in late)])
+        twice = sorted(i for i, n in seen.items() if n > 1)
+        missing = sorted(set(load.good) - set(seen))
+        if twice or not missing or time.monotonic() > deadline:
+            break
+        time.sleep(2)
     assert not twice, f"{len(twice)} events forwarded more than once, e.g. {twice[:10]}"
     assert not missing, f"{len(missing)} events lost, e.g. {missing[:10]}"
     assert set(seen) == set(load.good)
