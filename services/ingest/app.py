@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 from collections import Counter as Tally
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -292,7 +292,7 @@ class Ingest:
             resubscribe = set(update.streams) != set(self.streams)
             self.streams = update.streams
             if new:
-                self._learn_valid_shapes()
+                self._learn_valid_shapes({d.source.valid_topic for d in new.values()})
             for topic in list(self.watermarks):
                 if topic not in self.streams:
                     del self.watermarks[topic]
@@ -621,15 +621,18 @@ class Ingest:
         for _, topic in p.members:
             forwarded[topic] += 1
 
-    def _learn_valid_shapes(self) -> None:
-        """Ask for each stream's .valid topic's partition count and max.message.bytes (what packs are
-        cut to), at stream set-up: never inside a transaction, where a broker that does not answer would
-        hold it open. A topic that cannot be described is (0, 0) (its packs go to any partition, at the
-        setting's size) and asked again before a batch ``SHAPE_RETRY_S`` later."""
-        shapes: dict[str, tuple[int, int]] = {}
+    def _learn_valid_shapes(self, changed: Collection[str] = ()) -> None:
+        """Ask for the partition count and max.message.bytes (what packs are cut to) of each stream's
+        .valid topic not known yet, and of those in ``changed`` (new or changed streams'), at stream
+        set-up: never inside a transaction, where a broker that does not answer would hold it open. A
+        topic that cannot be described is (0, 0) (its packs go to any partition, at the setting's
+        size) and asked again before a batch ``SHAPE_RETRY_S`` later."""
+        wanted = {d.source.valid_topic for d in self.streams.values()}
+        shapes = {t: v for t, v in self._valid_shapes.items() if t in wanted and t not in changed}
         unknown = False
-        for d in self.streams.values():
-            topic = d.source.valid_topic
+        for topic in sorted(wanted):
+            if shapes.get(topic, (0, 0)) != (0, 0):
+                continue
             try:
                 shapes[topic] = topic_shape(self.settings.kafka_bootstrap, topic, timeout_s=SHAPE_TIMEOUT_S)
             except (KafkaException, TimeoutError) as e:

@@ -7,7 +7,10 @@ import zlib
 import orjson
 import pytest
 
+from services.ingest import app
 from services.ingest.packing import ANY_PARTITION, TOPIC_MARGIN_BYTES, Packer
+from services.ingest.settings import IngestSettings
+from services.ingest.streams import StreamDefinition
 from shared.packs import PACK_FRAMING_BYTES, events_of, pack, packed_event, partition_for
 
 
@@ -62,3 +65,37 @@ def test_a_topic_that_takes_small_records_gets_small_packs_and_an_unknown_one_an
     unknown = Packer(limit=16_384, shape=lambda _topic: (0, 0))
     assert unknown.slot("t.valid", "k") == (ANY_PARTITION, 16_384)
     assert len(pack([])) == PACK_FRAMING_BYTES
+
+
+def test_ingest_asks_only_for_valid_topics_it_does_not_know_or_whose_stream_changed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def stream(topic: str) -> StreamDefinition:
+        source = {"topic": topic, "fields": {"k": "string", "ts": "timestamp"}, "key": ["k"]}
+        return StreamDefinition.model_validate({"source": {**source, "event_time": {"field": "ts"}}})
+
+    asked: list[str] = []
+    shapes = {"a.valid": (3, 1_000_000), "b.valid": (0, 0), "c.valid": (2, 4_096)}
+
+    def topic_shape(_bootstrap: str, topic: str, timeout_s: float) -> tuple[int, int]:
+        asked.append(topic)
+        return shapes[topic]
+
+    monkeypatch.setattr(app, "topic_shape", topic_shape)
+    ingest = app.Ingest(IngestSettings(), [stream("a"), stream("b")])
+    ingest._learn_valid_shapes()
+    assert sorted(asked) == ["a.valid", "b.valid"]
+    assert ingest._shapes_retry_at is not None  # b's is unknown: asked again later
+    asked.clear()
+    ingest.streams["c"] = stream("c")
+    ingest._learn_valid_shapes({"c.valid"})
+    assert sorted(asked) == ["b.valid", "c.valid"]  # a's is known: not asked again
+    asked.clear()
+    shapes["b.valid"] = (1, 1_000_000)
+    ingest._learn_valid_shapes({"a.valid"})  # a's stream changed: asked again
+    assert sorted(asked) == ["a.valid", "b.valid"] and ingest._shapes_retry_at is None
+    assert ingest._valid_topic_shape("b.valid") == (1, 1_000_000)
+    asked.clear()
+    del ingest.streams["a"]
+    ingest._learn_valid_shapes()
+    assert asked == [] and ingest._valid_topic_shape("a.valid") == (0, 0)
