@@ -54,6 +54,7 @@ def class_archive_options(archive: str) -> str:
 FORKLESS_LOCAL_FS = "io.streamforge.hadoop.ForklessLocalFileSystem"
 REALTIME_SHUFFLE_FLUSH = "spark.shuffle.streaming.networkBufferMaxWaitTimeMs"
 STATE_CLEANUP_PER_ROW = "spark.sql.streaming.statefulOperator.incrementalCleanupFactor"
+OBJECT_HASH_AGG_GROUPS = "spark.sql.objectHashAggregate.sortBased.fallbackThreshold"
 DRIVER_CLASS_PATH = "spark.driver.extraClassPath"
 
 
@@ -117,6 +118,7 @@ def session_conf(settings: ProcessorSettings, scratch: Path | None = None) -> di
     conf = {
         REALTIME_SHUFFLE_FLUSH: str(settings.realtime_shuffle_flush_ms),
         STATE_CLEANUP_PER_ROW: str(settings.state_cleanup_per_row),
+        OBJECT_HASH_AGG_GROUPS: str(settings.object_hash_agg_groups),
         **local_auth_options(settings),
         **settings.spark_conf,
         **local_fs_options(settings),

@@ -58,6 +58,15 @@ class ProcessorSettings(BaseServiceSettings):
     # the state as rows arrive). What a batch leaves is still dropped at its end. Spark's deduplication
     # reads it too; a micro-batch window job's state does not. 0: all at the end (Spark's default).
     state_cleanup_per_row: int = Field(4, ge=0, le=1_000)
+    # A job with percentiles aggregates with Spark's object hash aggregate (percentile_approx keeps an
+    # object per group), which sorts every row it has not aggregated yet once its hash map holds more
+    # groups than this (spark.sql.objectHashAggregate.sortBased.fallbackThreshold; Spark's default is
+    # 128). A micro-batch of 1,000 keys holds ~1,000 groups or more, so every batch sorted: about a
+    # quarter of the executor's samples in Spark alone's all-nine batch (tests/bench/README.md,
+    # Percentiles aggregated by hash). A group's buffer keeps its rows' values (~30 bytes each) until
+    # it has 50,000, so a task's heap follows its rows: such a job reads in smaller tasks
+    # (query.PERCENTILE_TASK_RECORDS).
+    object_hash_agg_groups: int = Field(65_536, ge=1)
     # How Spark's JVMs compile Java to machine code. "tiered" (the JVM's default): C1 first, then C2
     # for hot code, the fastest code once warm, but C2 compiles for minutes into a fresh JVM and takes
     # a core doing it. "quick": C1 only (-XX:TieredStopAtLevel=1): a start, a restart's recovery and a

@@ -9,11 +9,18 @@ from typing import Any
 import orjson
 import pytest
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
 from infra.class_archive import processor_jvm_settings
 from infra.datagen import oracle_window_counts
 from infra.fetch import spark_kafka_jars
-from services.processor.app import CHECKPOINT_FILE_MANAGER, FORKLESS_LOCAL_FS, build_spark, local_file_system
+from services.processor.app import (
+    CHECKPOINT_FILE_MANAGER,
+    FORKLESS_LOCAL_FS,
+    OBJECT_HASH_AGG_GROUPS,
+    build_spark,
+    local_file_system,
+)
 from services.processor.metrics import BatchMetrics, JobMetricsListener
 from services.processor.query import start_query
 from services.processor.settings import ProcessorSettings
@@ -227,3 +234,46 @@ def test_the_metrics_listener_takes_each_progress_report_as_json(
     assert sum(rows) == 40
     assert set(paths) == {"json"}
     assert listener.latest(spec.id) is not None
+
+
+def _fallen_back_tasks(plan: Any) -> list[int]:
+    """numTasksFallBacked of every ObjectHashAggregate in a physical plan (a JVM object)."""
+    found = []
+    if plan.nodeName() == "ObjectHashAggregate":
+        found.append(int(plan.metrics().apply("numTasksFallBacked").value()))
+    children = plan.children()
+    for i in range(children.size()):
+        found += _fallen_back_tasks(children.apply(i))
+    return found
+
+
+def test_percentiles_of_a_thousand_groups_aggregate_by_hash_without_a_sort(spark: SparkSession) -> None:
+    """percentile_approx keeps an object per group: Spark aggregates it in its object hash aggregate,
+    which sorts what is left of its input once it holds more groups than a threshold (128 by
+    default). The processor raises it (settings.object_hash_agg_groups): a batch of 1,000 keys is
+    aggregated by hash, in the partial and in the final aggregation."""
+    assert spark.conf.get(OBJECT_HASH_AGG_GROUPS) == str(ProcessorSettings().object_hash_agg_groups)
+
+    def run() -> tuple[list[int], dict[int, int]]:
+        df = (
+            spark.range(20_000)
+            .selectExpr("id % 1000 AS k", "CAST(id AS DOUBLE) AS v")
+            .groupBy("k")
+            .agg(F.percentile_approx("v", [0.5, 0.99]).alias("p"), F.count(F.lit(1)).alias("n"))
+        )
+        counts = {int(r["k"]): int(r["n"]) for r in df.collect()}
+        return _fallen_back_tasks(df._jdf.queryExecution().executedPlan()), counts
+
+    given = spark.conf.get(OBJECT_HASH_AGG_GROUPS)
+    spark.conf.set("spark.sql.adaptive.enabled", "false")  # the plan as it ran, without AQE's stages
+    try:
+        fallen, counts = run()
+        assert len(fallen) == 2 and fallen == [0, 0], fallen  # final and partial, no task sorted
+        assert counts == {k: 20 for k in range(1000)}
+        spark.conf.set(OBJECT_HASH_AGG_GROUPS, "128")  # Spark's default: the same query sorts
+        fallen, counts = run()
+        assert sum(fallen) > 0, fallen
+        assert counts == {k: 20 for k in range(1000)}
+    finally:
+        spark.conf.set(OBJECT_HASH_AGG_GROUPS, given)
+        spark.conf.unset("spark.sql.adaptive.enabled")

@@ -25,6 +25,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from infra.datagen import WindowOracle, oracle_windows, rank_error
+from services.processor import query as query_module
 from services.processor.metrics import metrics_from_progress
 from services.processor.query import SHUFFLE_PARTITIONS, build_plan, start_query, state_partitions
 from services.processor.tracing import TRACE_NUMBERS, TRACE_TEXT
@@ -386,20 +387,34 @@ def widest_stage(session: SparkSession, query: StreamingQuery) -> int:
 
 
 @pytest.mark.parametrize(
-    ("name", "task_records"),
-    [("tumbling-update", 0), ("tumbling-update", 16), ("sliding-update", 16), ("session-close", 8)],
+    ("name", "task_records", "percentile_tasks"),
+    [
+        ("tumbling-update", 0, None),
+        ("tumbling-update", 16, None),
+        ("sliding-update", 16, None),
+        ("session-close", 8, None),
+        ("tumbling-update", 0, 8),  # a job with percentiles: tasks of PERCENTILE_TASK_RECORDS at most
+    ],
 )
 def test_a_windowed_batch_reads_a_partition_in_tasks_of_at_most_task_records_and_stays_exact(
     name: str,
     task_records: int,
+    percentile_tasks: int | None,
     spark: SparkSession,  # noqa: F811
     kafka_bootstrap: str,
     tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A backlog on a one-partition topic is read by several tasks (Spark's maxRecordsPerPartition),
-    whose partial aggregates meet in the one state partition: every window still equals the oracle."""
+    whose partial aggregates meet in the one state partition: every window still equals the oracle.
+    A job with percentiles (these jobs' AGGREGATIONS have them) reads in tasks of at most
+    PERCENTILE_TASK_RECORDS even when not asked to split (its groups' buffers follow a task's rows)."""
     window, emit = CASES[name]
     spec = spec_for(f"rt{uuid.uuid4().hex[:8]}-{name}", window, emit)
+    if percentile_tasks is not None:
+        monkeypatch.setattr(query_module, "PERCENTILE_TASK_RECORDS", percentile_tasks)
+    else:  # the cap out of reach of these small batches
+        monkeypatch.setattr(query_module, "PERCENTILE_TASK_RECORDS", 100_000)
     ensure_topics(kafka_bootstrap, [spec.source.valid_topic, spec.output_topic], partitions=1)
     rounds = make_rounds(spec, seed=31, n_rounds=4)
     query = start_query(
@@ -420,10 +435,11 @@ def test_a_windowed_batch_reads_a_partition_in_tasks_of_at_most_task_records_and
     # One partition, one state partition: without the option every stage is one task; with it, a
     # batch of n records is read by ceil(n / task_records) tasks (a batch holds at most one round).
     sizes = [len(events) for events in rounds]
-    if task_records == 0:
+    size = percentile_tasks or task_records
+    if size == 0:
         assert widest == 1, (widest, sizes)
     else:
-        assert 1 < widest <= math.ceil(max(sizes) / task_records), (widest, sizes)
+        assert 1 < widest <= math.ceil(max(sizes) / size), (widest, sizes)
     results = read_results(kafka_bootstrap, spec.output_topic)
     assert {split_version(r.version)[0] for r in results} == {2}
     assert_results_match(spec, oracle_for(spec, rounds), results)

@@ -14,6 +14,7 @@ from services.processor.app import (
     DRIVER_JAVA_OPTIONS,
     EXECUTOR_JAVA_OPTIONS,
     JIT_OPTIONS,
+    OBJECT_HASH_AGG_GROUPS,
     REALTIME_SHUFFLE_FLUSH,
     STATE_CLEANUP_PER_ROW,
     session_conf,
@@ -39,6 +40,14 @@ def test_closed_windows_leave_the_state_as_rows_arrive_unless_set_to_0(
     assert session_conf(ProcessorSettings())[STATE_CLEANUP_PER_ROW] == "0"
     with pytest.raises(ValueError, match="greater than or equal to 0"):
         ProcessorSettings(state_cleanup_per_row=-1)
+
+
+def test_percentile_jobs_aggregate_by_hash_up_to_the_groups_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert session_conf(ProcessorSettings())[OBJECT_HASH_AGG_GROUPS] == "65536"  # Spark's: 128
+    monkeypatch.setenv("SF_PROCESSOR_OBJECT_HASH_AGG_GROUPS", "128")
+    assert session_conf(ProcessorSettings())[OBJECT_HASH_AGG_GROUPS] == "128"
+    given = ProcessorSettings(spark_conf={OBJECT_HASH_AGG_GROUPS: "10"})
+    assert session_conf(given)[OBJECT_HASH_AGG_GROUPS] == "10"  # spark_conf wins, as for every setting
 
 
 def test_spark_conf_given_explicitly_wins_over_the_derived_settings() -> None:
