@@ -490,6 +490,11 @@ class JobSpec(_Model):
     def aggregate_names(self) -> list[str]:
         return [n for a in self.aggregations for n in a.output_names]
 
+    @property
+    def has_percentiles(self) -> bool:
+        """Whether an aggregation keeps an object per group (Spark's percentile summaries)."""
+        return any(a.fn == "percentiles" for a in self.aggregations)
+
 
 def load_job_spec(path: str | Path) -> JobSpec:
     """Read a spec from a .json/.yaml/.yml file; a bad spec raises SpecError saying what to fix."""

@@ -205,7 +205,7 @@ def events(
         max_offsets = None  # a real-time batch reads for its whole duration, unbounded
     if spec.kind != "windowed" or spec.trigger_mode == "real_time":
         task_records = 0
-    elif any(a.fn == "percentiles" for a in spec.aggregations):
+    elif spec.has_percentiles:
         # Aggregated by hash up to ProcessorSettings.object_hash_agg_groups groups, whose buffers keep
         # their rows' values (~30 bytes each) until a group has 50,000: a task's heap follows its rows.
         task_records = min(task_records or PERCENTILE_TASK_RECORDS, PERCENTILE_TASK_RECORDS)
@@ -285,7 +285,7 @@ def trace_state_for(spec: JobSpec) -> str:
     either way), and there the four numbers cost more than the one string: the 1M-event drain of all
     nine aggregations took ~20% longer with them (tests/bench/README.md, A string in the window's
     state)."""
-    if any(a.fn == "percentiles" for a in spec.aggregations):
+    if spec.has_percentiles:
         return TRACE_TEXT
     return TRACE_NUMBERS
 

@@ -209,6 +209,8 @@ def test_aggregation_names_defaults_and_percentile_outputs() -> None:
         "sd",
     ]
     assert spec.aggregations[3].accuracy == 500 and spec.aggregations[0].accuracy == 10_000
+    assert spec.has_percentiles  # its groups keep objects: the processor bounds its tasks and state
+    assert not parse(aggregations=[{"fn": "count"}, {"fn": "stddev", "field": "amount"}]).has_percentiles
     with pytest.raises(SpecError, match="unique"):
         parse(
             aggregations=[
