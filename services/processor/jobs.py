@@ -39,7 +39,14 @@ from services.processor.errors import (
 )
 from services.processor.leases import CheckpointBusyError, CheckpointLease
 from services.processor.metrics import JOB_RESTARTS, JobMetricsListener, JobTotals
-from services.processor.query import REAL_TIME_SHUFFLE_PARTITIONS, Plan, build_plan, start_query
+from services.processor.query import (
+    REAL_TIME_SHUFFLE_PARTITIONS,
+    STOPPED_TASKS_TIMEOUT_S,
+    Plan,
+    await_tasks,
+    build_plan,
+    start_query,
+)
 from services.processor.settings import ProcessorSettings
 from services.processor.store import JobStore, StoredJob
 from services.processor.versions import ROW_VERSIONS
@@ -456,6 +463,14 @@ class JobManager:
             raise  # the JVM is gone: nothing left to stop (the caller decides what that means)
         except Exception as e:  # a query that failed while stopping is stopped all the same
             log.warning("job %s: stopping its query: %s", job.spec.id, _first_line(e))
+        # Its checkpoint is copied (a savepoint) or released to another processor next: a task of the
+        # last batch, killed, may still be writing it.
+        if not await_tasks(self.spark, str(query.runId), STOPPED_TASKS_TIMEOUT_S):
+            log.warning(
+                "job %s: a task of its query still ran %.0f s after it stopped",
+                job.spec.id,
+                STOPPED_TASKS_TIMEOUT_S,
+            )
         self._set(job, query=None)
 
     # --- supervision ------------------------------------------------------------------------------

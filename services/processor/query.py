@@ -15,6 +15,7 @@ at-least-once replay may write.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
@@ -488,6 +489,47 @@ def start_query(
         writer = writer.trigger(processingTime=interval)
     with _state_partitions_of(spark, spec, bootstrap):
         return writer.start()
+
+
+# How long a stopped query's tasks get to end before its checkpoint is removed or released anyway.
+STOPPED_TASKS_TIMEOUT_S = 10.0
+
+
+def tasks_running(spark: SparkSession, group: str | None) -> int:
+    """How many tasks of the Spark jobs in ``group`` still run (a query's group is its run id); of
+    every job when None.
+
+    Asked of the driver's task scheduler, which keeps each running task's task set until the task has
+    ended, also after its stage was cancelled (its pool does not: a cancelled task set leaves the
+    schedulable queue at once). Spark's status tracker is no good here either: it writes a stage's
+    active tasks at most every 100 ms of listener events, so tasks started with their stage read as
+    0 until the next event, often their end."""
+    by_task = spark.sparkContext._jsc.sc().taskScheduler().taskIdToTaskSetManager()
+    running = 0
+    # Its entries, as Java iterates them (py4j's dict view would look each Long key up as an Integer).
+    for entry in by_task.entrySet():
+        properties = entry.getValue().taskSet().properties()  # None for a task set without any
+        if group is None or (properties is not None and properties.getProperty("spark.jobGroup.id") == group):
+            running += 1
+    return running
+
+
+def await_tasks(spark: SparkSession, group: str, timeout_s: float) -> bool:
+    """Wait until no task of ``group``'s jobs runs; False if some still do after ``timeout_s``.
+
+    ``StreamingQuery.stop()`` returns once the query's thread has ended, but a task of its last batch
+    is killed asynchronously and can still be writing the checkpoint: a state store's changelog
+    renamed into it after a warm-up had removed its directory ("Fail to commit changelog file" with
+    a stack trace, logged as a processor's warm-up ended), or after a stopped job's checkpoint was
+    released to another processor. Callers wait for this before they remove, copy or release a
+    stopped query's checkpoint.
+    """
+    deadline = time.monotonic() + timeout_s
+    while tasks_running(spark, group):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def _batch_versioned_writer(spec: JobSpec, plan: Plan, bootstrap: str, epoch: int) -> DataStreamWriter:

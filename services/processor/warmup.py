@@ -48,7 +48,7 @@ import orjson
 from confluent_kafka import KafkaException, Producer
 from pyspark.sql import SparkSession
 
-from services.processor.query import start_query
+from services.processor.query import STOPPED_TASKS_TIMEOUT_S, await_tasks, start_query
 from services.processor.settings import ProcessorSettings
 from shared import constants
 from shared.constants import join_key
@@ -408,6 +408,9 @@ def warm_up(
             rows = records_read(progress)
         finally:
             query.stop()
+            # Before its checkpoint is removed (below): a killed task may still write there.
+            if not await_tasks(spark, str(query.runId), STOPPED_TASKS_TIMEOUT_S):
+                log.warning("a warm-up task still ran %.0f s after it stopped", STOPPED_TASKS_TIMEOUT_S)
         log.info(
             "warmed up%s in %.1f s: %d batches of a throwaway job%s, %d records read "
             "(a backlog of %d events first)",

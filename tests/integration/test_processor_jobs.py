@@ -31,7 +31,7 @@ from services.processor.grpc_server import grpc_services
 from services.processor.jobs import JobManager
 from services.processor.leases import LEASE_NAME, CheckpointBusyError, CheckpointLease
 from services.processor.metrics import JobMetricsListener
-from services.processor.query import start_query
+from services.processor.query import await_tasks, start_query, tasks_running
 from services.processor.settings import ProcessorSettings
 from services.processor.shapes import ShapeWarmer
 from services.processor.store import StoredJob
@@ -456,6 +456,8 @@ def test_a_warm_up_runs_a_throwaway_job_and_leaves_nothing_behind(
     assert warmed.records > settings.warmup_backlog_events // BACKLOG_PACK_EVENTS + 1_000
     assert _full_collections(spark) > full_collections  # the heap the backlog grew, collected
     assert not [q for q in spark.streams.active if (q.name or "").startswith(spec.id)]
+    # No task of its query still runs: it waited for them before removing their checkpoint.
+    assert tasks_running(spark, None) == 0
     assert list(work.iterdir()) == []  # its checkpoint directory removed
     assert not data.exists()  # and it was not in the data directory
     topics = admin(kafka_bootstrap).list_topics(timeout=10).topics
@@ -576,6 +578,40 @@ def test_a_job_starting_stops_a_shape_warm_up_first(
         assert warmer.warmed == 0  # cut short: not counted as warmed
     finally:
         warmer.close()
+
+
+def test_a_stopped_querys_tasks_are_awaited_before_its_checkpoint_is_let_go(
+    spark: SparkSession,  # noqa: F811
+) -> None:
+    """Cancelling a job returns before its tasks end (a stopped query's last batch is such a job): the
+    warm-up removed its checkpoint while a killed task still renamed a changelog into it. await_tasks
+    waits for them, and says so when they outlast its timeout."""
+    sc = spark.sparkContext
+    group = f"sf-test-{uuid.uuid4().hex[:8]}"
+    cancelled: list[Exception] = []
+
+    def run() -> None:
+        # Not interrupted when cancelled, like a task in a state store's commit.
+        sc.setJobGroup(group, "tasks that outlive their job", interruptOnCancel=False)
+        try:
+            spark.range(0, 2, 1, 2).selectExpr("java_method('java.lang.Thread', 'sleep', 3000L)").collect()
+        except Exception as e:
+            cancelled.append(e)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while tasks_running(spark, group) == 0:
+        assert time.monotonic() < deadline, "the job's tasks never started"
+        time.sleep(0.02)
+    sc.cancelJobGroup(group)
+    thread.join(30)
+    assert cancelled, "the job was not cancelled"  # the caller got its answer...
+    assert tasks_running(spark, group) > 0  # ... while its tasks still run
+    assert not await_tasks(spark, group, 0.2)
+    assert await_tasks(spark, group, 30)
+    assert tasks_running(spark, group) == 0
+    assert tasks_running(spark, None) == 0
 
 
 def test_a_warm_up_that_cannot_reach_kafka_is_given_up_not_raised(
