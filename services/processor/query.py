@@ -16,6 +16,7 @@ at-least-once replay may write.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
@@ -495,9 +496,9 @@ def start_query(
 STOPPED_TASKS_TIMEOUT_S = 10.0
 
 
-def tasks_running(spark: SparkSession, group: str | None) -> int:
-    """How many tasks of the Spark jobs in ``group`` still run (a query's group is its run id); of
-    every job when None.
+def running_tasks(spark: SparkSession) -> Counter[str | None]:
+    """The driver's running tasks, counted by their job's group (a query's group is its run id; None
+    for a job without one).
 
     Asked of the driver's task scheduler, which keeps each running task's task set until the task has
     ended, also after its stage was cancelled (its pool does not: a cancelled task set leaves the
@@ -505,13 +506,17 @@ def tasks_running(spark: SparkSession, group: str | None) -> int:
     active tasks at most every 100 ms of listener events, so tasks started with their stage read as
     0 until the next event, often their end."""
     by_task = spark.sparkContext._jsc.sc().taskScheduler().taskIdToTaskSetManager()
-    running = 0
+    groups: Counter[str | None] = Counter()
     # Its entries, as Java iterates them (py4j's dict view would look each Long key up as an Integer).
     for entry in by_task.entrySet():
         properties = entry.getValue().taskSet().properties()  # None for a task set without any
-        if group is None or (properties is not None and properties.getProperty("spark.jobGroup.id") == group):
-            running += 1
-    return running
+        groups[properties.getProperty("spark.jobGroup.id") if properties is not None else None] += 1
+    return groups
+
+
+def tasks_running(spark: SparkSession, group: str) -> int:
+    """How many tasks of the Spark jobs in ``group`` still run."""
+    return running_tasks(spark)[group]
 
 
 def await_tasks(spark: SparkSession, group: str, timeout_s: float) -> bool:
