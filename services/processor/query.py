@@ -505,8 +505,12 @@ def running_tasks(spark: SparkSession) -> Counter[str | None]:
     schedulable queue at once). Spark's status tracker is no good here either: it writes a stage's
     active tasks at most every 100 ms of listener events, so tasks started with their stage read as
     0 until the next event, often their end."""
-    by_task = spark.sparkContext._jsc.sc().taskScheduler().taskIdToTaskSetManager()
     groups: Counter[str | None] = Counter()
+    jsc = spark.sparkContext._jsc  # None once pyspark stopped it; its task scheduler, once the JVM did
+    scheduler = jsc.sc().taskScheduler() if jsc is not None else None
+    if scheduler is None:  # a stopped SparkContext (a processor going down) runs nothing
+        return groups
+    by_task = scheduler.taskIdToTaskSetManager()
     # Its entries, as Java iterates them (py4j's dict view would look each Long key up as an Integer).
     for entry in by_task.entrySet():
         properties = entry.getValue().taskSet().properties()  # None for a task set without any

@@ -616,6 +616,32 @@ def test_a_stopped_querys_tasks_are_awaited_before_its_checkpoint_is_let_go(
     assert tasks_running(spark, group) == 0
 
 
+STOPPED_SESSION = """
+import sys
+from services.processor.app import build_spark
+from services.processor.query import await_tasks, running_tasks
+from services.processor.settings import ProcessorSettings
+settings = ProcessorSettings(spark_ui_enabled=False, data_dir=sys.argv[1], kafka_bootstrap="127.0.0.1:1")
+spark = build_spark(settings, [])
+spark.range(3).collect()
+print("running:", dict(running_tasks(spark)))
+spark.sparkContext._jsc.sc().stop()  # stopped in the JVM (a processor going down), pyspark unaware
+print("after the JVM's stop:", dict(running_tasks(spark)), await_tasks(spark, "g", 0))
+spark.stop()
+print("after pyspark's stop:", dict(running_tasks(spark)), await_tasks(spark, "g", 0))
+"""
+
+
+def test_a_stopped_spark_context_runs_no_task(tmp_path: Path) -> None:
+    """A warm-up or a job stopping as its processor goes down asks for tasks of a stopped SparkContext:
+    none run (it failed with "'NoneType' object has no attribute 'taskIdToTaskSetManager'" at the end
+    of a bench run)."""
+    lines = run_own_driver(STOPPED_SESSION, str(tmp_path / "data"))
+    assert "running: {}" in lines, lines
+    assert "after the JVM's stop: {} True" in lines, lines
+    assert "after pyspark's stop: {} True" in lines, lines
+
+
 def test_a_warm_up_that_cannot_reach_kafka_is_given_up_not_raised(
     spark: SparkSession,  # noqa: F811
     tmp_path: Path,
