@@ -116,6 +116,12 @@ class ProcessorSettings(BaseServiceSettings):
     # starts), so the JIT compiles the per-row code of a job catching up on a burst, not only a quiet
     # job's per-batch code (warmup.py). 0: no backlog, 1,000 events/s only.
     warmup_backlog_events: int = Field(300_000, ge=0, le=5_000_000)
+    # A warm-up's micro-batches read at most this many Kafka records (or max_offsets_per_trigger, if
+    # fewer): 250 of its backlog's records hold 50,000 events (warmup.BACKLOG_PACK_EVENTS each). Its
+    # cold JVM then completes batches within the warm-up, and each completed batch also runs what
+    # follows the rows (the state's commit, the output, the next batch's plan); a backlog read as one
+    # batch did not finish within a loaded stack start's 30 s (tests/bench/README.md).
+    warmup_batch_records: int = Field(250, ge=1)
     # A processor that runs no job warms up for this long on the shape of each job control reports
     # (services/processor/shapes.py: the job's spec on topics of its own), so a job it takes over finds
     # its generated code compiled; one shape at a time, each once; 0: off. The stack sets it for its

@@ -235,6 +235,7 @@ def _produce(bootstrap: str, topic: str, events: Synthetic, stop: threading.Even
 class Warmed(NamedTuple):
     batches: int  # the throwaway job's micro-batches (0: the warm-up failed)
     records: int  # the records they read, the backlog's included (BACKLOG_PACK_EVENTS events each)
+    largest_batch: int = 0  # the most records one of its last 100 batches read (recentProgress)
 
 
 def fill_backlog(
@@ -284,14 +285,25 @@ def records_read(progress: dict[str, Any] | None) -> int:
     """How many records a query of the warm-up's topic (new, so its offsets start at 0) has read: its
     Kafka source's end offsets in the last progress report. Not a sum over ``recentProgress``, which
     keeps the last 100 reports only (``spark.sql.streaming.numRecentProgressUpdates``)."""
+    return _offsets(progress, "endOffset")
+
+
+def batch_records(progress: dict[str, Any] | None) -> int:
+    """How many Kafka records the batch of one progress report read (its end offsets less its start)."""
+    return _offsets(progress, "endOffset") - _offsets(progress, "startOffset")
+
+
+def _offsets(progress: dict[str, Any] | None, which: str) -> int:
+    """The sum of a progress report's ``which`` offsets over its sources' partitions (none: 0)."""
     if not progress:
         return 0
     total = 0
     for source in progress.get("sources", []):
-        end = source.get("endOffset") or {}
-        if isinstance(end, str):
-            end = json.loads(end)
-        total += sum(int(offset) for partitions in end.values() for offset in partitions.values())
+        offsets = source.get(which)
+        if isinstance(offsets, str):
+            offsets = json.loads(offsets)  # "null" before a source's first batch
+        if offsets:
+            total += sum(int(offset) for partitions in offsets.values() for offset in partitions.values())
     return total
 
 
@@ -357,7 +369,7 @@ def warm_up(
         daemon=True,
     )
     began = time.monotonic()
-    batches = rows = 0
+    batches = rows = largest = 0
     created = False
     # The set-up (topics, then the backlog's write) gets at most half the time, the query the rest: on a
     # loaded machine the backlog's write alone outlasted a 30 s warm-up (300,000 events, 28 s), and its
@@ -391,7 +403,7 @@ def warm_up(
                 spec,
                 bootstrap,
                 str(checkpoint),
-                settings.max_offsets_per_trigger,
+                min(settings.max_offsets_per_trigger, settings.warmup_batch_records),
                 epoch=0,
                 task_records=settings.max_records_per_read_task,
             )
@@ -406,19 +418,21 @@ def warm_up(
             progress = query.lastProgress
             batches = int(progress["batchId"]) + 1 if progress else 0
             rows = records_read(progress)
+            largest = max((batch_records(p) for p in query.recentProgress), default=0)
         finally:
             query.stop()
             # Before its checkpoint is removed (below): a killed task may still write there.
             if not await_tasks(spark, str(query.runId), STOPPED_TASKS_TIMEOUT_S):
                 log.warning("a warm-up task still ran %.0f s after it stopped", STOPPED_TASKS_TIMEOUT_S)
         log.info(
-            "warmed up%s in %.1f s: %d batches of a throwaway job%s, %d records read "
+            "warmed up%s in %.1f s: %d batches of a throwaway job%s, %d records read, at most %d a batch "
             "(a backlog of %d events first)",
             " (cancelled: a job starts here)" if cancelled.is_set() else "",
             time.monotonic() - began,
             batches,
             f" shaped like job {like.id}" if like is not None else "",
             rows,
+            largest,
             sent,
         )
     except WarmUpCancelled:
@@ -439,7 +453,7 @@ def warm_up(
         if created:
             _delete_topics(bootstrap, topics)
         _collect_garbage(spark)
-    return Warmed(batches, rows)
+    return Warmed(batches, rows, largest)
 
 
 def _set_up_timeout(set_up_by: float) -> float:

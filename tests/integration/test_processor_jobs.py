@@ -434,7 +434,11 @@ def test_a_warm_up_runs_a_throwaway_job_and_leaves_nothing_behind(
     topic, a backlog first, then its topics and checkpoint are gone and no job is left in Spark."""
     data = tmp_path / "data"
     settings = ProcessorSettings(
-        kafka_bootstrap=kafka_bootstrap, data_dir=str(data), warmup_s=30, warmup_backlog_events=30_000
+        kafka_bootstrap=kafka_bootstrap,
+        data_dir=str(data),
+        warmup_s=30,
+        warmup_backlog_events=30_000,
+        warmup_batch_records=100,
     )
     tag = unique.replace("_", "-")[:20]
     spec = warmup_spec(tag)
@@ -453,9 +457,11 @@ def test_a_warm_up_runs_a_throwaway_job_and_leaves_nothing_behind(
     # The backlog's batch and at least one after it (500 ms trigger, after the set-up, ~6 s, and a cold
     # first batch: 13 s, 16.6 s on a loaded VM, where only two fit in the 30 s).
     assert warmed.batches >= 2
-    # The whole backlog was read (packs of 200 events), and the events produced at 1,000 a second after
-    # it, a record each.
-    assert warmed.records > settings.warmup_backlog_events // BACKLOG_PACK_EVENTS + 1_000
+    # The whole backlog was read (packs of 200 events: 150 records), and events produced at 1,000 a
+    # second after it, a record each; no batch read more than warmup_batch_records, and the backlog's
+    # first one read that many.
+    assert warmed.records > settings.warmup_backlog_events // BACKLOG_PACK_EVENTS + 500
+    assert warmed.largest_batch == settings.warmup_batch_records
     assert _full_collections(spark) > full_collections  # the heap the backlog grew, collected
     assert not [q for q in spark.streams.active if (q.name or "").startswith(spec.id)]
     # No task of its query still runs (it waited for them before removing their checkpoint): what
