@@ -5,6 +5,7 @@
     python -m tests.bench report             # the report alone, from the parts' last results
     python -m tests.bench all                # the report's parts and the component benches below
     python -m tests.bench sink tracing       # component benches run by name as well
+    python -m tests.bench --part ingest      # one part in this process (to profile it), no report
 
 The report's parts (tests/bench/bench_<part>.py, in this order): kafka, ingest, spark, pipeline,
 freshness, recovery, memory, faust. The component benches (processor, sink, sink_faust, tracing,
@@ -15,7 +16,8 @@ Each part runs in its own Python process (a part's SparkSession, JVM or faust ev
 it) and writes .run/bench/<part>.json; a part that fails writes its error there and the others still
 run. The report parts share one stack (tests/bench/stack.py): its run dir is cleared before the
 first part and everything in it is stopped after the last. The report (.run/bench/report.json,
-report.md, report.png) is built from the newest result of every part.
+report.md, report.png) is built from the newest result of every part. ``--part NAME`` runs one part in
+the calling process (what a profiler wraps) and stops the stack it started once that part is done.
 """
 
 from __future__ import annotations
@@ -45,6 +47,9 @@ COMPONENT_BENCHES = (
     "checkpoints",
     "cleanup",
 )
+# What run_parts adds to its ``--part`` children: the stack is shared with the next part, and run_parts
+# stops it after the last.
+SHARED_STACK = "--shared-stack"
 
 
 def run_part(name: str) -> int:
@@ -74,8 +79,13 @@ def run_part(name: str) -> int:
 
 
 def main(argv: list[str]) -> int:
-    if argv[:1] == ["--part"]:
-        return run_part(argv[1])
+    if argv[:1] == ["--part"] and len(argv) in (2, 3):
+        name, shared = argv[1], argv[2:] == [SHARED_STACK]
+        try:
+            return run_part(name)
+        finally:
+            if name in REPORT_PARTS and not shared:  # run alone: nothing else stops what it started
+                stop_stack()
     names = list(argv) or list(REPORT_PARTS)
     if names == ["all"]:
         names = [*REPORT_PARTS, *COMPONENT_BENCHES]
@@ -94,26 +104,32 @@ def main(argv: list[str]) -> int:
     return 1 if failed else 0
 
 
-def run_parts(parts: list[str]) -> list[str]:
+def stop_stack(clear: bool = False) -> None:
+    """Stop every process of the report parts' stack (tests/bench/stack.py); ``clear``: its run dir too."""
     from infra import procs
     from tests.bench.stack import RUN
 
+    procs.stop_all(RUN)
+    if clear:
+        shutil.rmtree(RUN, ignore_errors=True)
+
+
+def run_parts(parts: list[str]) -> list[str]:
     started = time.monotonic()
     shared = [p for p in parts if p in REPORT_PARTS]
     if shared:  # a fresh stack for the report's parts: nothing left from an earlier run
-        procs.stop_all(RUN)
-        shutil.rmtree(RUN, ignore_errors=True)
+        stop_stack(clear=True)
     failed = []
     try:
         for name in parts:
             code = subprocess.run(
-                [sys.executable, "-m", "tests.bench", "--part", name], check=False
+                [sys.executable, "-m", "tests.bench", "--part", name, SHARED_STACK], check=False
             ).returncode
             if code != 0:
                 failed.append(name)
     finally:
         if shared:
-            procs.stop_all(RUN)
+            stop_stack()
     print(f"== {len(parts)} part(s) in {time.monotonic() - started:.0f} s")
     return failed
 
