@@ -40,6 +40,7 @@ from services.processor.versions import BATCH_VERSIONS, ROW_VERSIONS, split_vers
 from services.processor.warmup import (
     BACKLOG_PACK_EVENTS,
     TOPIC_PREFIX,
+    Warmed,
     records_read,
     warm_up,
     warmup_spec,
@@ -653,7 +654,7 @@ def test_a_warm_up_that_cannot_reach_kafka_is_given_up_not_raised(
     tmp_path: Path,
 ) -> None:
     settings = ProcessorSettings(kafka_bootstrap="127.0.0.1:1", data_dir=str(tmp_path), warmup_s=5)
-    assert warm_up(spark, settings, "nokafka") == (0, 0)
+    assert warm_up(spark, settings, "nokafka") == Warmed(0, 0, 0)
 
 
 # A driver JVM of its own (the shared session may have mapped case already), logging each class it
