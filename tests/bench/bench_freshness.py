@@ -14,7 +14,9 @@ on a key of its own (tests/bench/markers.py):
   by this process) - the marker's send time; p50/p95/p99/max over the markers sent during the 30 s;
 - per stage (tests/bench/markers.py `stage_breakdown`): p50/p95/p99 of the markers' time to
   `.valid` (ingest), from there to their window's update in the output topic (processor, with
-  ingest's transaction commit) and from there to Redis (sink), from the records' CreateTimes;
+  ingest's transaction commit) and from there to Redis (sink), from the records' CreateTimes; of
+  the sink's part, from its Redis call (the window's ``updated_at_ms``, the sink's clock) to the
+  notification (redis: the call's packing, Redis running it, the notification's delivery here);
 - CPU per process during the measurement (tests/bench/probe.py), and how long the processor had been
   up when it began: its JVM compiles for minutes into a run (tests/bench/README.md, A boundary is also the JIT
   compiling the planner), so the modes measured later meet a warmer processor;
@@ -48,6 +50,7 @@ from tests.bench.markers import (
     first_timestamps,
     percentiles_ms,
     stage_breakdown,
+    written_at,
 )
 from tests.bench.probe import StageProbe
 from tests.bench.stack import RUN, Control, SpecRefused, services_up
@@ -122,7 +125,9 @@ def measure_mode(cfg: StackConfig, control: Control, client: redis.Redis, mode: 
                 seen = [f for f in map(watch.freshness, sent) if f is not None]
                 point.update(percentiles_ms(seen))
                 point["lost"] = len(sent) - len(seen)
-                point["stages"] = stage_breakdown(sent, watch, valid, output)
+                point["stages"] = stage_breakdown(
+                    sent, watch, valid, output, written_at(client, job_id, sent)
+                )
         out["exact"] = outcome.exact
         out["problems"] = outcome.problems
         out["events_sent"] = load.sent

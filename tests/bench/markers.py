@@ -221,13 +221,30 @@ def _keys(msg: Message) -> list[bytes]:
     return [msg.key() or b""]
 
 
+def written_at(client: redis.Redis, job_id: str, markers: list[Marker]) -> dict[str, float]:
+    """Per marker key: when the sink wrote its window, as the sink's own clock put it in the hash
+    (``updated_at_ms``, taken as it builds the Redis call that carries the window). A marker's window
+    holds that marker alone, so this is its first write unless the processor sent the window again."""
+    pipe = client.pipeline(transaction=False)
+    for m in markers:
+        ts = int(m.sent * 1000)
+        pipe.hget(constants.redis_window_key(job_id, m.key, ts - ts % workload.WINDOW_MS), "updated_at_ms")
+    return {m.key: int(v) / 1000 for m, v in zip(markers, pipe.execute(), strict=True) if v is not None}
+
+
 def stage_breakdown(
-    markers: list[Marker], watch: MarkerWatch, valid: dict[str, float], output: dict[str, float]
+    markers: list[Marker],
+    watch: MarkerWatch,
+    valid: dict[str, float],
+    output: dict[str, float],
+    written: dict[str, float],
 ) -> dict[str, dict[str, float]]:
     """Percentiles of each stage's share of the markers' freshness: ingest (sent -> produced to
     ``.valid``), processor (-> its window update produced to the output topic; includes ingest's
-    transaction commit, before which the processor cannot read it) and sink (-> written to Redis)."""
-    stages: dict[str, list[float]] = {"ingest": [], "processor": [], "sink": []}
+    transaction commit, before which the processor cannot read it) and sink (-> written to Redis);
+    and of the sink's part, redis: from the sink's write call (``written_at``) to the notification,
+    for the markers written once (a later write's time would come after the first notification)."""
+    stages: dict[str, list[float]] = {"ingest": [], "processor": [], "sink": [], "redis": []}
     for m in markers:
         seen = watch.seen.get(m.key)
         if seen is None or m.key not in valid or m.key not in output:
@@ -235,6 +252,8 @@ def stage_breakdown(
         stages["ingest"].append(valid[m.key] - m.sent)
         stages["processor"].append(output[m.key] - valid[m.key])
         stages["sink"].append(seen - output[m.key])
+        if output[m.key] <= written.get(m.key, math.inf) <= seen:
+            stages["redis"].append(seen - written[m.key])
     return {stage: percentiles_ms(values) for stage, values in stages.items()}
 
 
