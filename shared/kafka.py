@@ -85,8 +85,8 @@ def consumer_config(bootstrap: str, group_id: str, **extra: object) -> dict[str,
         # and looks again only after this backoff, 1,000 ms by default: a consumer that drains its
         # queue faster than that then waits for the rest of the second (librdkafka #2879). Raw
         # consume on this broker: ~180k records/s with the default, 620-860k with 5-100 ms, and the
-        # same CPU at 20 ms (0 polls, costing ~50% more); tests/bench/README.md, The consumers' fetch
-        # backoff.
+        # same CPU at 20 ms (0 polls, costing ~50% more); tests/bench/README.md, The consumers waited
+        # a second whenever their queue held 100,000 records.
         "fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS,
         **extra,
     }
