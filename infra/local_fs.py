@@ -21,7 +21,7 @@ from infra.errors import InfraError
 from infra.fetch import Log, pyspark_jars_dir, require_tool
 from infra.paths import CACHE_DIR, ROOT, digest_named, existing
 
-SOURCE = ROOT / "services/processor/jvm/io/streamforge/hadoop/ForklessLocalFileSystem.java"
+SOURCE = ROOT / "services/processor/spark/java/io/streamforge/hadoop/ForklessLocalFileSystem.java"
 JAVA_RELEASE = "17"
 COMPILE_TIMEOUT_S = 300
 

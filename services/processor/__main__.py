@@ -11,8 +11,8 @@ import sys
 
 from opentelemetry.trace import Tracer
 
-from services.processor.app import Processor
 from services.processor.errors import ProcessorError
+from services.processor.service import Processor
 from services.processor.settings import ProcessorSettings
 from shared.jobspec import load_job_spec
 from shared.service import GrpcEndpoint, Wiring, run_service

@@ -15,7 +15,6 @@ from typing import NoReturn, TypeVar
 
 import grpc
 
-from services.processor import savepoints
 from services.processor.errors import (
     JobNotFoundError,
     JobStateError,
@@ -23,9 +22,11 @@ from services.processor.errors import (
     ProcessorError,
     SavepointError,
 )
-from services.processor.jobs import JobManager, JobView
-from services.processor.leases import CheckpointBusyError
-from services.processor.shapes import ShapeWarmer
+from services.processor.jobs import savepoints
+from services.processor.jobs.leases import CheckpointBusyError
+from services.processor.jobs.runner import JobRunner
+from services.processor.jobs.table import JobView
+from services.processor.warmup.shapes import ShapeWarmer
 from shared.errors import SpecError
 from shared.grpc_server import GrpcServices
 from shared.jobspec import JobSpec, spec_from_json, with_id
@@ -95,14 +96,14 @@ def _abort(context: grpc.ServicerContext, e: Exception) -> NoReturn:
 
 
 class JobCommandsService(pb_grpc.JobCommandsServicer):
-    def __init__(self, manager: JobManager) -> None:
-        self.manager = manager
+    def __init__(self, runner: JobRunner) -> None:
+        self.runner = runner
 
     def StartJob(self, request: pb.StartJobRequest, context: grpc.ServicerContext) -> pb.JobStatus:
         try:
-            self.manager.check_savepoint_path(request.from_savepoint, "from_savepoint")
+            self.runner.check_savepoint_path(request.from_savepoint, "from_savepoint")
             spec = spec_of(request, lambda path: savepoints.load(path).spec)
-            view = self.manager.start(spec, request.from_savepoint)
+            view = self.runner.start(spec, request.from_savepoint)
         except (SpecError, ProcessorError) as e:
             _abort(context, e)
         origin = f" from savepoint {request.from_savepoint}" if request.from_savepoint else ""
@@ -111,7 +112,7 @@ class JobCommandsService(pb_grpc.JobCommandsServicer):
 
     def StopJob(self, request: pb.StopJobRequest, context: grpc.ServicerContext) -> pb.JobStatus:
         try:
-            view = self.manager.stop(request.job_id, request.savepoint, request.savepoint_dir)
+            view = self.runner.stop(request.job_id, request.savepoint, request.savepoint_dir)
         except (SpecError, ProcessorError) as e:
             _abort(context, e)
         log.info("StopJob %s (savepoint: %s): %s", request.job_id, request.savepoint, view.state)
@@ -119,12 +120,12 @@ class JobCommandsService(pb_grpc.JobCommandsServicer):
 
     def GetStatus(self, request: pb.JobRef, context: grpc.ServicerContext) -> pb.JobStatus:
         try:
-            return to_proto(self.manager.get(request.job_id))
+            return to_proto(self.runner.get(request.job_id))
         except ProcessorError as e:
             _abort(context, e)
 
     def ListJobs(self, request: pb.ListJobsRequest, context: grpc.ServicerContext) -> pb.ListJobsResponse:
-        return pb.ListJobsResponse(jobs=[to_proto(v) for v in self.manager.list()])
+        return pb.ListJobsResponse(jobs=[to_proto(v) for v in self.runner.list()])
 
 
 class StreamConfigService(pb_grpc.StreamConfigServicer):
@@ -146,9 +147,9 @@ class StreamConfigService(pb_grpc.StreamConfigServicer):
         return pb.ApplyStreamsResponse()
 
 
-def grpc_services(manager: JobManager, warmer: ShapeWarmer) -> GrpcServices:
+def grpc_services(runner: JobRunner, warmer: ShapeWarmer) -> GrpcServices:
     def add(server: grpc.Server) -> None:
-        pb_grpc.add_JobCommandsServicer_to_server(JobCommandsService(manager), server)
+        pb_grpc.add_JobCommandsServicer_to_server(JobCommandsService(runner), server)
         pb_grpc.add_StreamConfigServicer_to_server(StreamConfigService(warmer), server)
 
     return GrpcServices(add, [JOB_COMMANDS_SERVICE, STREAM_CONFIG_SERVICE])

@@ -31,8 +31,8 @@ from pyspark.sql import functions as F
 
 from infra.class_archive import processor_jvm_settings
 from infra.fetch import spark_kafka_jars
-from services.processor.app import CHECKPOINT_FILE_MANAGER, build_spark
 from services.processor.settings import ProcessorSettings
+from services.processor.spark.session import CHECKPOINT_FILE_MANAGER, build_spark
 
 FILE_CONTEXT = "org.apache.spark.sql.execution.streaming.checkpointing.FileContextBasedCheckpointFileManager"
 MANAGERS = {"file_system": CHECKPOINT_FILE_MANAGER, "file_context": FILE_CONTEXT}

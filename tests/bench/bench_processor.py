@@ -30,9 +30,9 @@ from infra.class_archive import processor_jvm_settings
 from infra.fetch import spark_kafka_jars
 from infra.paths import RUN_DIR
 from infra.stack import StackConfig, broker
-from services.processor.app import build_spark
-from services.processor.query import start_query
+from services.processor.jobs.query import start_query
 from services.processor.settings import ProcessorSettings
+from services.processor.spark.session import build_spark
 from shared.jobspec import JobSpec
 from shared.kafka import ensure_topics
 from tests.bench.bench_spark import drain_backlog

@@ -62,7 +62,7 @@ from infra.stack import (
     wait_process_ready,
     wait_service_ready,
 )
-from services.processor.app import JIT_OPTIONS
+from services.processor.spark.session import JIT_OPTIONS
 from shared.kafka import ensure_topics
 from tests.bench import workload
 from tests.bench.markers import Load, Marker, MarkerWatch, percentiles_ms

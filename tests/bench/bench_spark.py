@@ -35,11 +35,11 @@ from infra.stack import PROCESSOR_WARMUP_S
 from services.ingest.app import Ingest
 from services.ingest.settings import IngestSettings
 from services.ingest.streams import StreamDefinition
-from services.processor.app import build_spark
+from services.processor.jobs.query import start_query
 from services.processor.metrics import metrics_from_progress
-from services.processor.query import start_query
 from services.processor.settings import ProcessorSettings
-from services.processor.warmup import warm_up
+from services.processor.spark.session import build_spark
+from services.processor.warmup.startup import warm_up
 from shared.jobspec import JobSpec
 from shared.kafka import ensure_topics
 from shared.records import WindowResult

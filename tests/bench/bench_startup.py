@@ -29,7 +29,7 @@ began = time.monotonic()
 from infra.fetch import spark_kafka_jars
 from infra.local_fs import existing_local_fs_jar
 from services.processor import class_archive
-from services.processor.app import build_spark
+from services.processor.spark.session import build_spark
 from services.processor.settings import ProcessorSettings
 imported = time.monotonic()
 tmp = tempfile.mkdtemp()

@@ -32,8 +32,8 @@ from pyspark.sql.avro.functions import from_avro, to_avro
 
 from infra.class_archive import processor_jvm_settings
 from infra.fetch import spark_avro_jars, spark_kafka_jars
-from services.processor.app import build_spark
 from services.processor.settings import ProcessorSettings
+from services.processor.spark.session import build_spark
 from tests.bench.probe import cpu_seconds
 
 ROWS = 1_000_000

@@ -31,7 +31,7 @@ from infra.container_stack import (
 )
 from infra.datagen import oracle_window_counts
 from infra.stack import StackConfig
-from services.processor.app import FORKLESS_LOCAL_FS
+from services.processor.spark.session import FORKLESS_LOCAL_FS
 from shared import constants
 from shared.client.sdk import Client
 from shared.kafka import ensure_topics

@@ -21,7 +21,7 @@ SESSION = """
 import sys
 from infra.fetch import spark_kafka_jars
 from infra.local_fs import existing_local_fs_jar
-from services.processor.app import build_spark
+from services.processor.spark.session import build_spark
 from services.processor.settings import ProcessorSettings
 archive, class_log = sys.argv[1], sys.argv[2]
 settings = ProcessorSettings(

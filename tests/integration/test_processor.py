@@ -14,16 +14,16 @@ from pyspark.sql import functions as F
 from infra.class_archive import processor_jvm_settings
 from infra.datagen import oracle_window_counts
 from infra.fetch import spark_kafka_jars
-from services.processor.app import (
+from services.processor.jobs.query import start_query
+from services.processor.metrics import BatchMetrics, JobMetricsListener
+from services.processor.settings import ProcessorSettings
+from services.processor.spark.session import (
     CHECKPOINT_FILE_MANAGER,
     FORKLESS_LOCAL_FS,
     OBJECT_HASH_AGG_GROUPS,
     build_spark,
     local_file_system,
 )
-from services.processor.metrics import BatchMetrics, JobMetricsListener
-from services.processor.query import start_query
-from services.processor.settings import ProcessorSettings
 from shared.jobspec import JobSpec
 from shared.kafka import ensure_topics
 from shared.records import WindowResult

@@ -22,7 +22,7 @@ from pyspark.sql import SparkSession
 
 from infra import datagen
 from infra.paths import ROOT
-from services.processor.query import start_query
+from services.processor.jobs.query import start_query
 from shared import constants
 from shared.jobspec import JobSpec, Source, load_job_spec, parse_job_spec, spec_to_json
 from shared.kafka import ensure_topics

@@ -26,25 +26,22 @@ from pyspark.sql import SparkSession
 
 from infra.datagen import oracle_window_counts
 from infra.spark_standalone import SparkMaster, spark_conf
-from services.processor import savepoints
 from services.processor.grpc_server import grpc_services
-from services.processor.jobs import JobManager
-from services.processor.leases import LEASE_NAME, CheckpointBusyError, CheckpointLease
+from services.processor.jobs import savepoints
+from services.processor.jobs.leases import LEASE_NAME, CheckpointBusyError, CheckpointLease
+from services.processor.jobs.ledger import LedgerEntry
+from services.processor.jobs.query import start_query
+from services.processor.jobs.runner import JobRunner
+from services.processor.jobs.versions import BATCH_VERSIONS, ROW_VERSIONS, split_version
 from services.processor.metrics import JobMetricsListener
-from services.processor.query import await_tasks, running_tasks, start_query, tasks_running
 from services.processor.settings import ProcessorSettings
-from services.processor.shapes import ShapeWarmer
-from services.processor.store import StoredJob
+from services.processor.spark.scheduler import await_tasks, running_tasks, tasks_running
 from services.processor.tracing import TRACE_NUMBERS, TRACE_TEXT
-from services.processor.versions import BATCH_VERSIONS, ROW_VERSIONS, split_version
-from services.processor.warmup import (
-    BACKLOG_PACK_EVENTS,
-    TOPIC_PREFIX,
-    Warmed,
-    records_read,
-    warm_up,
-    warmup_spec,
-)
+from services.processor.warmup.shapes import ShapeWarmer
+from services.processor.warmup.specs import warmup_spec
+from services.processor.warmup.startup import Warmed, records_read, warm_up
+from services.processor.warmup.synthetic import BACKLOG_PACK_EVENTS
+from services.processor.warmup.topics import TOPIC_PREFIX
 from shared import constants
 from shared.grpc_server import HealthServedGrpcServer
 from shared.jobspec import JobSpec, parse_job_spec, with_id
@@ -89,7 +86,7 @@ def processor(
     spark: SparkSession,  # noqa: F811
     kafka_bootstrap: str,
     tmp_path: Path,
-) -> Iterator[tuple[JobManager, pb_grpc.JobCommandsStub, grpc.Channel]]:
+) -> Iterator[tuple[JobRunner, pb_grpc.JobCommandsStub, grpc.Channel]]:
     settings = ProcessorSettings(
         kafka_bootstrap=kafka_bootstrap,
         data_dir=str(tmp_path / "data"),
@@ -99,7 +96,7 @@ def processor(
     )
     listener = JobMetricsListener(setup_tracing("processor", settings, exporter=SPANS))
     spark.streams.addListener(listener)
-    manager = JobManager(spark, settings, listener)
+    manager = JobRunner(spark, settings, listener)
     warmer = ShapeWarmer(spark, settings, manager.idle, manager.command_lock, tmp_path / "scratch")
     server = HealthServedGrpcServer("processor", "127.0.0.1", 0, grpc_services(manager, warmer))
     server.start()
@@ -136,14 +133,14 @@ def counts(results: dict[tuple[str, int], WindowResult]) -> dict[tuple[str, int]
     return {k: int(r.aggregates["views"] or 0) for k, r in results.items()}
 
 
-def catch_up(manager: JobManager, job_id: str) -> None:
+def catch_up(manager: JobRunner, job_id: str) -> None:
     query = manager.query(job_id)
     assert query is not None and query.isActive, manager.get(job_id)
     query.processAllAvailable()
 
 
 def test_commands_metrics_savepoint_and_restores_are_exact(
-    processor: tuple[JobManager, pb_grpc.JobCommandsStub, grpc.Channel],
+    processor: tuple[JobRunner, pb_grpc.JobCommandsStub, grpc.Channel],
     kafka_bootstrap: str,
     unique: str,
     tmp_path: Path,
@@ -243,7 +240,7 @@ def test_commands_metrics_savepoint_and_restores_are_exact(
 
 
 def test_a_micro_batch_checkpoint_of_before_resumes_with_batch_versions(
-    processor: tuple[JobManager, pb_grpc.JobCommandsStub, grpc.Channel],
+    processor: tuple[JobRunner, pb_grpc.JobCommandsStub, grpc.Channel],
     spark: SparkSession,  # noqa: F811
     kafka_bootstrap: str,
     unique: str,
@@ -316,7 +313,7 @@ def test_a_micro_batch_checkpoint_of_before_resumes_with_batch_versions(
     ],
 )
 def test_start_refuses_specs_spark_cannot_run_with_a_message(
-    processor: tuple[JobManager, pb_grpc.JobCommandsStub, grpc.Channel],
+    processor: tuple[JobRunner, pb_grpc.JobCommandsStub, grpc.Channel],
     unique: str,
     change: dict[str, Any],
     message: str,
@@ -330,7 +327,7 @@ def test_start_refuses_specs_spark_cannot_run_with_a_message(
 
 
 def test_a_failed_stop_with_savepoint_leaves_the_job_running(
-    processor: tuple[JobManager, pb_grpc.JobCommandsStub, grpc.Channel],
+    processor: tuple[JobRunner, pb_grpc.JobCommandsStub, grpc.Channel],
     kafka_bootstrap: str,
     unique: str,
     tmp_path: Path,
@@ -356,7 +353,7 @@ def test_a_failed_stop_with_savepoint_leaves_the_job_running(
 
 
 def test_a_checkpoint_another_query_holds_is_not_started_here(
-    processor: tuple[JobManager, pb_grpc.JobCommandsStub, grpc.Channel],
+    processor: tuple[JobRunner, pb_grpc.JobCommandsStub, grpc.Channel],
     kafka_bootstrap: str,
     unique: str,
 ) -> None:
@@ -395,7 +392,7 @@ def test_a_checkpoint_another_query_holds_is_not_started_here(
 
 
 def test_a_job_stopped_where_it_ran_is_not_resumed_by_a_processor_that_ran_it_before(
-    processor: tuple[JobManager, pb_grpc.JobCommandsStub, grpc.Channel],
+    processor: tuple[JobRunner, pb_grpc.JobCommandsStub, grpc.Channel],
     kafka_bootstrap: str,
     unique: str,
 ) -> None:
@@ -413,10 +410,10 @@ def test_a_job_stopped_where_it_ran_is_not_resumed_by_a_processor_that_ran_it_be
     assert savepoints.was_stopped(checkpoint)
     assert savepoints.read_note(checkpoint)["job_id"] == unique  # the note is kept, marked
     spec = parse_job_spec(spec_json(unique, unique))
-    manager.store.put(StoredJob(spec=spec, should_run=True, epoch=0))  # the other processor's stale entry
+    manager.ledger.put(LedgerEntry(spec=spec, should_run=True, epoch=0))  # the other processor's stale entry
     manager.resume_stored(skip=set())
     assert manager.query(unique) is None
-    stored = manager.store.get(unique)
+    stored = manager.ledger.get(unique)
     assert stored is not None and not stored.should_run
     # Submitted again, it runs: its start rewrites the note.
     started = stub.StartJob(pb.StartJobRequest(spec_json=spec_json(unique, unique)), timeout=60)
@@ -582,7 +579,7 @@ def test_a_job_starting_stops_a_shape_warm_up_first(
             assert time.monotonic() < deadline, "no warm-up query ran in 120 s"
             time.sleep(0.2)
         began = time.monotonic()
-        warmer.before_job_start()  # what JobManager.start calls first
+        warmer.before_job_start()  # what JobRunner.start calls first
         assert time.monotonic() - began < 30  # its query stopped, not its 300 s run out
         assert not [q for q in spark.streams.active if (q.name or "").startswith(constants.WARMUP_JOB_PREFIX)]
         assert warmer.warmed == 0  # cut short: not counted as warmed
@@ -625,8 +622,8 @@ def test_a_stopped_querys_tasks_are_awaited_before_its_checkpoint_is_let_go(
 
 STOPPED_SESSION = """
 import sys
-from services.processor.app import build_spark
-from services.processor.query import await_tasks, running_tasks
+from services.processor.spark.session import build_spark
+from services.processor.spark.scheduler import await_tasks, running_tasks
 from services.processor.settings import ProcessorSettings
 settings = ProcessorSettings(spark_ui_enabled=False, data_dir=sys.argv[1], kafka_bootstrap="127.0.0.1:1")
 spark = build_spark(settings, [])
@@ -664,9 +661,9 @@ def test_a_warm_up_that_cannot_reach_kafka_is_given_up_not_raised(
 CASE_MAPPING_SESSION = """
 import sys
 from pathlib import Path
-from services.processor.app import build_spark
+from services.processor.spark.session import build_spark
 from services.processor.settings import ProcessorSettings
-from services.processor.warmup import warm_case_mapping, warm_up
+from services.processor.warmup.startup import warm_case_mapping, warm_up
 data, init_log = sys.argv[1], Path(sys.argv[2])
 settings = ProcessorSettings(
     spark_ui_enabled=False, data_dir=data, kafka_bootstrap="127.0.0.1:1", warmup_s=1,
@@ -699,9 +696,9 @@ ON_A_CLUSTER_WITHOUT_EXECUTORS = """
 import json, sys
 from pathlib import Path
 from infra.class_archive import processor_jvm_settings
-from services.processor.app import build_spark
+from services.processor.spark.session import build_spark
 from services.processor.settings import ProcessorSettings
-from services.processor.warmup import warm_case_mapping
+from services.processor.warmup.startup import warm_case_mapping
 data, master, conf, loads = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), Path(sys.argv[4])
 settings = ProcessorSettings(
     spark_ui_enabled=False, data_dir=data, kafka_bootstrap="127.0.0.1:1", spark_master=master,

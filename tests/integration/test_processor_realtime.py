@@ -20,12 +20,12 @@ import orjson
 import pytest
 from pyspark.sql import SparkSession
 
-from services.processor.app import REALTIME_SHUFFLE_FLUSH, ROCKSDB_PROVIDER, STATE_CLEANUP_PER_ROW
-from services.processor.jobs import JobManager
+from services.processor.jobs.query import start_query
+from services.processor.jobs.runner import JobRunner
+from services.processor.jobs.versions import split_version
 from services.processor.metrics import JobMetricsListener
-from services.processor.query import start_query
 from services.processor.settings import ProcessorSettings
-from services.processor.versions import split_version
+from services.processor.spark.session import REALTIME_SHUFFLE_FLUSH, ROCKSDB_PROVIDER, STATE_CLEANUP_PER_ROW
 from shared.errors import SpecError
 from shared.jobspec import JobSpec
 from shared.jobstate import JobState
@@ -239,7 +239,7 @@ def test_a_real_time_job_that_cannot_get_its_task_slots_is_refused_with_what_to_
     anyway, the query would wait for slots forever and starve every micro-batch job."""
     settings = ProcessorSettings(kafka_bootstrap=kafka_bootstrap, data_dir=str(tmp_path), topic_partitions=2)
     listener = JobMetricsListener(None)
-    manager = JobManager(spark, settings, listener)
+    manager = JobRunner(spark, settings, listener)
     spec = spec_for(f"rt{uuid.uuid4().hex[:8]}-slots", WINDOWS["tumbling"])
     with pytest.raises(SpecError, match=r"holds 3 task slot\(s\) .* this processor has 2"):
         manager.start(spec)

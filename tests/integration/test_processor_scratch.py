@@ -22,7 +22,7 @@ PROCESSOR = """
 import os, signal, sys
 from pathlib import Path
 from infra.fetch import spark_kafka_jars
-from services.processor.app import Processor
+from services.processor.service import Processor
 from services.processor.settings import ProcessorSettings
 settings = ProcessorSettings(
     spark_ui_enabled=False, data_dir=sys.argv[1], scratch_dir=sys.argv[2], kafka_bootstrap="127.0.0.1:1"

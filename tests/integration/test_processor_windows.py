@@ -26,10 +26,11 @@ from pyspark.sql.streaming import StreamingQuery
 
 from infra.datagen import WindowOracle, oracle_windows, rank_error
 from services.processor import query as query_module
+from services.processor.jobs.plan import build_plan
+from services.processor.jobs.query import SHUFFLE_PARTITIONS, start_query, state_partitions
+from services.processor.jobs.versions import split_version
 from services.processor.metrics import metrics_from_progress
-from services.processor.query import SHUFFLE_PARTITIONS, build_plan, start_query, state_partitions
 from services.processor.tracing import TRACE_NUMBERS, TRACE_TEXT
-from services.processor.versions import split_version
 from shared.jobspec import JobSpec
 from shared.kafka import ensure_topics
 from shared.records import WindowResult

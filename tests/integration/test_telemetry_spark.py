@@ -23,7 +23,8 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQueryListener
 
 from infra.fetch import spark_kafka_jars
-from services.processor.query import TRACE, sampled_trace
+from services.processor.jobs.columns import TRACE
+from services.processor.jobs.plan import sampled_trace
 from services.processor.tracing import (
     SPARK_OBSERVATION,
     TRACE_NUMBERS,

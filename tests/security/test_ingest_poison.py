@@ -25,7 +25,7 @@ from services.ingest import validate as v
 from services.ingest.app import UNWRITABLE, Ingest
 from services.ingest.http import HttpIngest, create_app
 from services.ingest.streams import StreamDefinition
-from services.processor.query import _group_columns
+from services.processor.jobs.plan import _group_columns
 from shared import constants
 from shared.jobspec import JobSpec
 from shared.kafka import admin, ensure_topics

@@ -8,8 +8,8 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
-from services.processor.allowed_expressions import ALLOWED, CATALYST, REFUSAL_REASONS
-from services.processor.expressions import Role, checked_column
+from services.processor.expressions.allowed import ALLOWED, CATALYST, REFUSAL_REASONS
+from services.processor.expressions.check import Role, checked_column
 from shared.errors import SpecError
 from tests.integration.test_processor import spark  # noqa: F401  (the shared session fixture)
 

@@ -16,12 +16,12 @@ import pytest
 from py4j.protocol import Py4JNetworkError
 from pyspark.sql import SparkSession
 
-from services.processor.app import Processor
 from services.processor.errors import ProcessorError
-from services.processor.jobs import JobManager
+from services.processor.jobs.ledger import LedgerEntry
+from services.processor.jobs.runner import JobRunner
 from services.processor.metrics import JobMetricsListener
+from services.processor.service import Processor
 from services.processor.settings import ProcessorSettings
-from services.processor.store import StoredJob
 from shared.jobspec import parse_job_spec
 from shared.jobstate import JobState
 from shared.kafka import ensure_topics
@@ -32,13 +32,13 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def manager(spark: SparkSession, kafka_bootstrap: str, tmp_path: Path) -> Iterator[JobManager]:  # noqa: F811
+def manager(spark: SparkSession, kafka_bootstrap: str, tmp_path: Path) -> Iterator[JobRunner]:  # noqa: F811
     settings = ProcessorSettings(
         kafka_bootstrap=kafka_bootstrap, data_dir=str(tmp_path / "data"), grpc_port=0
     )
     listener = JobMetricsListener(None)
     spark.streams.addListener(listener)
-    jobs = JobManager(spark, settings, listener)
+    jobs = JobRunner(spark, settings, listener)
     try:
         yield jobs
     finally:
@@ -47,16 +47,18 @@ def manager(spark: SparkSession, kafka_bootstrap: str, tmp_path: Path) -> Iterat
 
 
 def test_a_job_running_at_each_of_two_jvm_deaths_is_quarantined_and_the_others_resume(
-    manager: JobManager, kafka_bootstrap: str, unique: str
+    manager: JobRunner, kafka_bootstrap: str, unique: str
 ) -> None:
     hostile, calm = f"{unique}-h", f"{unique}-c"
     for job in (hostile, calm):
         ensure_topics(kafka_bootstrap, [f"{job}.valid", f"{job}.out"], partitions=1)
     # As the store stands after the JVM died twice while `hostile` ran, once while `calm` did.
-    manager.store.put(
-        StoredJob(parse_job_spec(spec_json(hostile, hostile)), should_run=True, epoch=0, crashes=2)
+    manager.ledger.put(
+        LedgerEntry(parse_job_spec(spec_json(hostile, hostile)), should_run=True, epoch=0, crashes=2)
     )
-    manager.store.put(StoredJob(parse_job_spec(spec_json(calm, calm)), should_run=True, epoch=0, crashes=1))
+    manager.ledger.put(
+        LedgerEntry(parse_job_spec(spec_json(calm, calm)), should_run=True, epoch=0, crashes=1)
+    )
 
     manager.resume_stored(skip=set())
 
@@ -64,27 +66,27 @@ def test_a_job_running_at_each_of_two_jvm_deaths_is_quarantined_and_the_others_r
     assert quarantined.state == JobState.FAILED
     assert "quarantined: Spark's JVM died 2 times while this job ran" in quarantined.message
     assert manager.query(hostile) is None
-    stored = manager.store.get(hostile)
+    stored = manager.ledger.get(hostile)
     assert stored is not None and not stored.should_run  # not resumed by the next start either
     assert manager.get(calm).state == JobState.RUNNING
 
     # The calm job completes a micro-batch: its strike is cleared.
     deadline = time.monotonic() + 60
-    while (s := manager.store.get(calm)) is not None and s.crashes and time.monotonic() < deadline:
+    while (s := manager.ledger.get(calm)) is not None and s.crashes and time.monotonic() < deadline:
         manager.supervise()
         time.sleep(0.2)
     assert s is not None and s.crashes == 0
 
     # The JVM dies again: only what runs gets a strike.
     assert manager.record_crash() == [calm]
-    calm_stored = manager.store.get(calm)
+    calm_stored = manager.ledger.get(calm)
     assert calm_stored is not None and calm_stored.crashes == 1
-    hostile_stored = manager.store.get(hostile)
+    hostile_stored = manager.ledger.get(hostile)
     assert hostile_stored is not None and hostile_stored.crashes == 2
 
 
 class _DeadJvm:
-    """A JobManager whose JVM is gone: supervise() fails as py4j does then."""
+    """A JobRunner whose JVM is gone: supervise() fails as py4j does then."""
 
     def __init__(self) -> None:
         self.struck = False
@@ -100,7 +102,7 @@ class _DeadJvm:
 def test_the_processor_strikes_the_running_jobs_and_exits_when_its_jvm_dies(tmp_path: Path) -> None:
     processor = Processor(ProcessorSettings(data_dir=str(tmp_path)), [], [])
     dead = _DeadJvm()
-    processor.manager = dead  # type: ignore[assignment]
+    processor.runner = dead  # type: ignore[assignment]
     with pytest.raises(ProcessorError, match=r"Spark's JVM died \(Py4JNetworkError\) while jobs \['j'\] ran"):
         processor.run()
     assert dead.struck

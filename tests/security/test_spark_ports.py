@@ -65,7 +65,7 @@ def test_the_drivers_rpc_and_block_ports_refuse_a_caller_without_the_secret(
 # deserialization, so the test above would see it.
 UNAUTHENTICATED = """
 import sys
-from services.processor.app import build_spark
+from services.processor.spark.session import build_spark
 from services.processor.settings import ProcessorSettings
 from tests.security.test_spark_ports import probe
 settings = ProcessorSettings(

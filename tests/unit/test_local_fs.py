@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from infra import local_fs
-from services.processor.app import DRIVER_CLASS_PATH, FORKLESS_LOCAL_FS, local_fs_options
 from services.processor.settings import ProcessorSettings
+from services.processor.spark.session import DRIVER_CLASS_PATH, FORKLESS_LOCAL_FS, local_fs_options
 
 
 def test_set_up_compiles_the_class_once_per_source(tmp_path: Path) -> None:

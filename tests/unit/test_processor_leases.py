@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from services.processor.leases import LEASE_NAME, CheckpointBusyError, CheckpointLease
+from services.processor.jobs.leases import LEASE_NAME, CheckpointBusyError, CheckpointLease
 
 HOLD = """
 import sys, time
 from pathlib import Path
-from services.processor.leases import CheckpointLease
+from services.processor.jobs.leases import CheckpointLease
 CheckpointLease(Path(sys.argv[1])).acquire()
 print("held", flush=True)
 time.sleep(600)

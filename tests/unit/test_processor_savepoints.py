@@ -7,11 +7,11 @@ from pathlib import Path
 import orjson
 import pytest
 
-from services.processor import savepoints
 from services.processor.errors import SavepointError
-from services.processor.store import JobStore, StoredJob
+from services.processor.jobs import savepoints
+from services.processor.jobs.ledger import JobLedger, LedgerEntry
+from services.processor.jobs.versions import BATCH_VERSIONS, ROW_VERSIONS
 from services.processor.tracing import TRACE_NUMBERS, TRACE_TEXT
-from services.processor.versions import BATCH_VERSIONS, ROW_VERSIONS
 from shared.jobspec import parse_job_spec
 
 SPEC = parse_job_spec(
@@ -163,9 +163,9 @@ def test_refusals(tmp_path: Path) -> None:
 
 
 def test_job_store_round_trip_and_damage(tmp_path: Path) -> None:
-    store = JobStore(tmp_path / "jobs")
+    store = JobLedger(tmp_path / "jobs")
     assert store.get("clicks") is None and store.all() == []
-    store.put(StoredJob(spec=SPEC, should_run=True, epoch=3, savepoint_path="/sp/1"))
-    assert store.get("clicks") == StoredJob(spec=SPEC, should_run=True, epoch=3, savepoint_path="/sp/1")
+    store.put(LedgerEntry(spec=SPEC, should_run=True, epoch=3, savepoint_path="/sp/1"))
+    assert store.get("clicks") == LedgerEntry(spec=SPEC, should_run=True, epoch=3, savepoint_path="/sp/1")
     (tmp_path / "jobs" / "broken.json").write_text("{not json")
     assert [j.spec.id for j in store.all()] == ["clicks"]  # a damaged record is skipped, not fatal

@@ -12,16 +12,16 @@ from pathlib import Path
 import pytest
 
 from infra.paths import ROOT
-from services.processor.app import DRIVER_JAVA_OPTIONS, EXECUTOR_JAVA_OPTIONS, session_conf
-from services.processor.scratch import LOCK_NAME, claim
 from services.processor.settings import ProcessorSettings
+from services.processor.spark.scratch import LOCK_NAME, claim
+from services.processor.spark.session import DRIVER_JAVA_OPTIONS, EXECUTOR_JAVA_OPTIONS, session_conf
 
 # Claims a scratch directory under argv[1], writes a file in it, says where, then waits for stdin to
 # close (a live processor) or kills itself with SIGKILL (argv[2] == "kill": no clean-up runs).
 CLAIMANT = """
 import os, signal, sys
 from pathlib import Path
-from services.processor.scratch import claim
+from services.processor.spark.scratch import claim
 scratch = claim(Path(sys.argv[1]))
 (scratch.path / "spark-files").write_bytes(b"x" * 4096)
 print(scratch.path, flush=True)

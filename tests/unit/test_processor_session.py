@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from services.processor.app import (
+from services.processor.settings import MIN_DRIVER_MEMORY_MIB, ProcessorSettings, memory_mib
+from services.processor.spark.session import (
     DRIVER_JAVA_OPTIONS,
     EXECUTOR_JAVA_OPTIONS,
     JIT_OPTIONS,
@@ -19,7 +20,6 @@ from services.processor.app import (
     STATE_CLEANUP_PER_ROW,
     session_conf,
 )
-from services.processor.settings import MIN_DRIVER_MEMORY_MIB, ProcessorSettings, memory_mib
 
 
 def test_the_real_time_shuffle_flushes_within_5_ms_unless_the_profile_is_throughput(

@@ -8,22 +8,24 @@ import time
 from pathlib import Path
 from typing import Any
 
-from services.processor import savepoints
-from services.processor.app import Processor, warmup_seconds
-from services.processor.jobs import Job, JobManager, stored_leases, stored_verdicts
-from services.processor.leases import CheckpointLease
+from services.processor.jobs import savepoints
+from services.processor.jobs.leases import CheckpointLease
+from services.processor.jobs.ledger import JobLedger, LedgerEntry
+from services.processor.jobs.recovery import resume_holders, resume_verdicts
+from services.processor.jobs.runner import JobRunner
+from services.processor.jobs.table import HostedJob
 from services.processor.metrics import JobMetricsListener
+from services.processor.service import Processor, warmup_seconds
 from services.processor.settings import ProcessorSettings
-from services.processor.store import JobStore, StoredJob
 from shared.jobstate import JobState
 from tests.unit.test_processor_savepoints import SPEC
 
 
 def processor_with_jobs(tmp_path: Path, delay_s: float, **should_run: bool) -> Processor:
     settings = ProcessorSettings(data_dir=str(tmp_path), taken_over_delay_s=delay_s)
-    store = JobStore(settings.jobs_path)
+    store = JobLedger(settings.jobs_path)
     for job_id, run in should_run.items():
-        store.put(StoredJob(spec=SPEC.model_copy(update={"id": job_id}), should_run=run, epoch=0))
+        store.put(LedgerEntry(spec=SPEC.model_copy(update={"id": job_id}), should_run=run, epoch=0))
     return Processor(settings, [], [])
 
 
@@ -44,7 +46,7 @@ def timed(p: Processor, yielded: bool | None = None) -> float:
 def test_stored_leases_name_the_holders_of_the_jobs_a_start_resumes(tmp_path: Path) -> None:
     p = processor_with_jobs(tmp_path, 30, a=True, b=True, stopped=False)
     held = hold(p, "a")
-    leases = stored_leases(p.settings)
+    leases = resume_holders(p.settings)
     assert set(leases) == {"a", "b"}  # a stopped job is not resumed
     assert leases["a"] is not None and leases["a"].startswith("pid ")
     assert leases["b"] is None
@@ -59,7 +61,7 @@ def test_a_job_stopped_where_it_ran_is_not_one_a_start_resumes(tmp_path: Path) -
     assert not savepoints.was_stopped(checkpoint)
     assert timed(p, yielded=False) < 0.5  # b is free to resume: no wait
     savepoints.mark_stopped(checkpoint)  # then cancelled on the processor it had moved to
-    leases = stored_leases(p.settings)
+    leases = resume_holders(p.settings)
     assert set(leases) == {"a"} and leases["a"] is not None
     assert timed(p, yielded=True) >= 0.5  # every job it would resume is held: it waits, then warms up
     held.release()
@@ -68,16 +70,16 @@ def test_a_job_stopped_where_it_ran_is_not_one_a_start_resumes(tmp_path: Path) -
 def test_a_quarantined_job_is_not_one_a_start_resumes(tmp_path: Path) -> None:
     p = processor_with_jobs(tmp_path, 0.5, a=True, stopped=False)
     crashes = p.settings.job_quarantine_crashes
-    JobStore(p.settings.jobs_path).put(
-        StoredJob(spec=SPEC.model_copy(update={"id": "q"}), should_run=True, epoch=0, crashes=crashes)
+    JobLedger(p.settings.jobs_path).put(
+        LedgerEntry(spec=SPEC.model_copy(update={"id": "q"}), should_run=True, epoch=0, crashes=crashes)
     )
     held = hold(p, "a")
-    verdicts = {v.stored.spec.id: v.verdict for v in stored_verdicts(p.settings)}
+    verdicts = {v.entry.spec.id: v.verdict for v in resume_verdicts(p.settings)}
     assert verdicts == {"a": "held", "q": "quarantined"}  # a job that should not run has none
-    assert set(stored_leases(p.settings)) == {"a"}
+    assert set(resume_holders(p.settings)) == {"a"}
     assert timed(p, yielded=True) >= 0.5  # q will be FAILED, not run: every job it would resume is held
     held.release()
-    verdicts = {v.stored.spec.id: v.verdict for v in stored_verdicts(p.settings)}
+    verdicts = {v.entry.spec.id: v.verdict for v in resume_verdicts(p.settings)}
     assert verdicts == {"a": "resume", "q": "quarantined"}
 
 
@@ -94,29 +96,29 @@ def test_a_job_the_processor_gave_up_on_is_not_one_a_start_resumes(tmp_path: Pat
     """Control decides whether it runs again, and where; resumed by this processor's next start, it
     would run beside a job control may have failed for good."""
     settings = ProcessorSettings(data_dir=str(tmp_path), job_restart_attempts=1, job_restart_backoff_ms=0)
-    manager = JobManager(None, settings, JobMetricsListener(None))  # type: ignore[arg-type]  # no Spark needed
+    manager = JobRunner(None, settings, JobMetricsListener(None))  # type: ignore[arg-type]  # no Spark needed
     dead: Any = _DeadQuery()
     for job_id in ("a", "b"):
         spec = SPEC.model_copy(update={"id": job_id})
-        manager.store.put(StoredJob(spec=spec, should_run=True, epoch=0))
+        manager.ledger.put(LedgerEntry(spec=spec, should_run=True, epoch=0))
         manager._set(
-            Job(spec=spec, epoch=0, state=JobState.RUNNING, query=dead, running_since=time.monotonic())
+            HostedJob(spec=spec, epoch=0, state=JobState.RUNNING, query=dead, running_since=time.monotonic())
         )
-    manager._set(manager._jobs["b"], query=None)  # b runs on
+    manager._set(manager.table.get("b"), query=None)  # b runs on
 
     manager.supervise()  # the first failure: a's restart is due at once
     assert manager.get("a").state == JobState.FAILING
-    assert {v.stored.spec.id for v in stored_verdicts(settings)} == {"a", "b"}  # it restarts the job itself
-    manager._set(manager._jobs["a"], state=JobState.RUNNING, query=dead)  # restarted, died again
+    assert {v.entry.spec.id for v in resume_verdicts(settings)} == {"a", "b"}  # it restarts the job itself
+    manager._set(manager.table.get("a"), state=JobState.RUNNING, query=dead)  # restarted, died again
     manager.supervise()
 
     failed = manager.get("a")
     assert (
         failed.state == JobState.FAILED and failed.message == "org.apache.spark.SparkException: Job aborted"
     )
-    stored = manager.store.get("a")
+    stored = manager.ledger.get("a")
     assert stored is not None and not stored.should_run
-    assert {v.stored.spec.id for v in stored_verdicts(settings)} == {"b"}
+    assert {v.entry.spec.id for v in resume_verdicts(settings)} == {"b"}
 
 
 def test_it_waits_while_every_job_it_ran_is_held_elsewhere(tmp_path: Path) -> None:

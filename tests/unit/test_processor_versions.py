@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from services.processor.errors import ProcessorError
-from services.processor.jobs import next_epoch
-from services.processor.versions import MAX_BATCH_ID, MAX_EPOCH, split_version, version_of
+from services.processor.jobs.recovery import next_epoch
+from services.processor.jobs.versions import MAX_BATCH_ID, MAX_EPOCH, split_version, version_of
 
 
 def test_a_later_epoch_beats_every_batch_of_an_earlier_one() -> None:

@@ -7,17 +7,10 @@ from typing import Any
 
 import orjson
 
-from services.processor.warmup import (
-    STALE_AFTER_S,
-    Synthetic,
-    fill_backlog,
-    new_tag,
-    records_read,
-    shape_of,
-    shaped_like,
-    stale_topics,
-    warmup_spec,
-)
+from services.processor.warmup.specs import shape_of, shaped_like, warmup_spec
+from services.processor.warmup.startup import records_read
+from services.processor.warmup.synthetic import Synthetic, fill_backlog
+from services.processor.warmup.topics import STALE_AFTER_S, new_tag, stale_topics
 from shared.jobspec import JobSpec
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.processor.regex_safety import MAX_PATTERN_LENGTH, like_problem, regex_problem
+from services.processor.expressions.regex_safety import MAX_PATTERN_LENGTH, like_problem, regex_problem
 
 
 @pytest.mark.parametrize(

@@ -25,8 +25,8 @@ import orjson
 import pyspark
 
 from services.processor.errors import SavepointError
+from services.processor.jobs.versions import BATCH_VERSIONS, ROW_VERSIONS
 from services.processor.tracing import TRACE_NUMBERS, TRACE_TEXT
-from services.processor.versions import BATCH_VERSIONS, ROW_VERSIONS
 from shared.clock import wall_clock_ms
 from shared.jobspec import JobSpec, parse_job_spec, spec_to_json
 
@@ -132,6 +132,11 @@ def trace_state_of(checkpoint: Path) -> str | None:
     if not (checkpoint / "metadata").exists():
         return None
     return TRACE_NUMBERS if read_note(checkpoint).get("trace") == TRACE_NUMBERS else TRACE_TEXT
+
+
+def state_format(checkpoint: Path) -> tuple[str, str | None]:
+    """How a query started on ``checkpoint`` versions its results and keeps its trace state."""
+    return versions_of(checkpoint), trace_state_of(checkpoint)
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

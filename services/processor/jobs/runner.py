@@ -1,16 +1,12 @@
-"""The processor's jobs: one streaming query each, started, stopped, saved and restarted here.
+"""The job runner: starts, stops, saves and restarts this processor's streaming queries.
 
-- **start**: checks the spec with Spark (building the plan parses and analyses every expression),
-  then resumes the job's checkpoint, or restores a savepoint into it first (also under a new job id),
-  and starts the query in the job's epoch and the checkpoint's versioning scheme (``versions``).
-- **stop**: stops the query between two micro-batches; **with a savepoint**, then copies the
-  checkpoint with its metadata (``savepoints``). If the copy fails the job is started again from its
-  checkpoint and keeps running (as Flink does when a stop-with-savepoint fails).
-- **supervise**: a query that died is restarted from its checkpoint after a back-off, a few times;
-  then the job is FAILED with Spark's message. Other jobs are never affected.
-
-Commands are serialised by one lock; status reads only take a short lock on the job table, so a
-heartbeat or GetStatus never waits for a slow stop.
+- **start** checks the spec with Spark, then resumes the job's checkpoint, or restores a savepoint
+  into it first, and starts the query in the job's epoch (jobs/versions.py).
+- **stop** stops the query between two micro-batches; **with a savepoint** it then copies the
+  checkpoint (jobs/savepoints.py). If the copy fails the job runs on from its checkpoint, as Flink
+  does when a stop-with-savepoint fails.
+- **supervise** restarts a dead query from its checkpoint after a back-off, a few times; then the job
+  is FAILED with Spark's message. Other jobs are never affected.
 """
 
 from __future__ import annotations
@@ -20,144 +16,38 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from py4j.protocol import Py4JError
 from pyspark.errors import AnalysisException
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from services.processor import savepoints
 from services.processor.errors import (
-    JobNotFoundError,
     JobStateError,
     PathRefusedError,
     ProcessorError,
     SavepointError,
 )
-from services.processor.leases import CheckpointBusyError, CheckpointLease
-from services.processor.metrics import JOB_RESTARTS, JobMetricsListener, JobTotals
-from services.processor.query import (
-    REAL_TIME_SHUFFLE_PARTITIONS,
-    STOPPED_TASKS_TIMEOUT_S,
-    Plan,
-    await_tasks,
-    build_plan,
-    start_query,
-)
+from services.processor.jobs import savepoints
+from services.processor.jobs.leases import CheckpointBusyError, CheckpointLease
+from services.processor.jobs.ledger import JobLedger, LedgerEntry
+from services.processor.jobs.plan import Plan, build_plan
+from services.processor.jobs.query import check_task_slots, start_query
+from services.processor.jobs.recovery import checkpoint_lease, checkpoint_of, next_epoch, resume_verdicts
+from services.processor.jobs.table import HostedJob, JobTable, JobView
+from services.processor.jobs.versions import ROW_VERSIONS
+from services.processor.metrics import JOB_RESTARTS, JobMetricsListener
 from services.processor.settings import ProcessorSettings
-from services.processor.store import JobStore, StoredJob
-from services.processor.versions import ROW_VERSIONS
+from services.processor.spark.scheduler import STOPPED_TASKS_TIMEOUT_S, await_tasks
 from shared.errors import SpecError
 from shared.jobspec import JobSpec
 from shared.jobstate import ACTIVE_STATES, QUARANTINED, JobState
-from shared.kafka import ensure_topics, partition_count
+from shared.kafka import ensure_topics
 from shared.paths import refusal, under_roots
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Job:
-    spec: JobSpec
-    epoch: int
-    state: JobState
-    query: StreamingQuery | None = None
-    message: str = ""
-    savepoint_path: str = ""
-    failures: int = 0
-    retry_at: float = 0.0
-    running_since: float = 0.0
-    crashes: int = 0  # JVM deaths while it ran, since its last completed micro-batch (stored)
-    versions: str = ROW_VERSIONS  # what its query runs with (Plan.versions)
-    trace: str | None = None  # likewise (Plan.trace)
-
-
-@dataclass(frozen=True)
-class JobView:
-    """A job's status at one moment (what the gRPC answers and heartbeats are made of)."""
-
-    job_id: str
-    state: JobState
-    message: str
-    savepoint_path: str
-    epoch: int
-    metrics: JobTotals | None
-
-
-def next_epoch(known: list[int], resumes_checkpoint: bool, savepoint_epoch: int | None) -> int:
-    """The epoch a start runs in.
-
-    ``known``: the epochs this job id is known to have used (job store, checkpoint note). Resuming
-    the job's own checkpoint keeps its epoch: batch ids go on growing. Any other start (from a
-    savepoint, or from scratch for a job id that ran before) must outbid every version emitted
-    before, whose epochs are all in ``known`` or the savepoint's: one more than the highest of them.
-    A job id never seen before starts at 0.
-    """
-    highest = max([*known, *([savepoint_epoch] if savepoint_epoch is not None else [])], default=None)
-    if highest is None:
-        return 0
-    if resumes_checkpoint:
-        return max(known)
-    return highest + 1
-
-
-def checkpoint_of(settings: ProcessorSettings, job_id: str) -> Path:
-    """The job's checkpoint directory."""
-    return settings.checkpoints_path / job_id
-
-
-def checkpoint_lease(settings: ProcessorSettings, job_id: str) -> CheckpointLease:
-    """The lease on the job's checkpoint directory (not taken)."""
-    return CheckpointLease(checkpoint_of(settings, job_id))
-
-
-Verdict = Literal["resume", "held", "stopped", "quarantined"]
-
-
-@dataclass(frozen=True)
-class StoredVerdict:
-    """What a start of this processor does with one job it ran (from the job store)."""
-
-    stored: StoredJob
-    verdict: Verdict
-    holder: str | None = None  # "held": who holds its checkpoint
-
-
-def stored_verdicts(settings: ProcessorSettings) -> list[StoredVerdict]:
-    """Every job that should run here, and whether a start resumes it:
-
-    - "quarantined": Spark's JVM died the last ``job_quarantine_crashes`` times while it ran;
-    - "stopped": control moved it while this processor was down, and it was stopped where it ran;
-    - "held": control moved it, and another query holds its checkpoint now;
-    - "resume": none of those.
-
-    Reads files only (the job store, the checkpoint's note and lease): no Spark needed. The one rule
-    for both the wait before Spark starts (stored_leases) and the start itself (resume_stored).
-    """
-    limit = settings.job_quarantine_crashes
-    verdicts = []
-    for stored in JobStore(settings.jobs_path).all():
-        if not stored.should_run:
-            continue
-        holder = None
-        verdict: Verdict = "resume"
-        if limit and stored.crashes >= limit:
-            verdict = "quarantined"
-        elif savepoints.was_stopped(checkpoint_of(settings, stored.spec.id)):
-            verdict = "stopped"
-        elif (holder := checkpoint_lease(settings, stored.spec.id).holder()) is not None:
-            verdict = "held"
-        verdicts.append(StoredVerdict(stored, verdict, holder))
-    return verdicts
-
-
-def stored_leases(settings: ProcessorSettings) -> dict[str, str | None]:
-    """Each job a start of this processor would resume but for another process holding it, with that
-    holder (None: free to resume here)."""
-    return {v.stored.spec.id: v.holder for v in stored_verdicts(settings) if v.verdict in ("resume", "held")}
 
 
 def _first_line(text: object) -> str:
@@ -165,20 +55,20 @@ def _first_line(text: object) -> str:
     return lines[0][:1000] if lines else ""
 
 
-class JobManager:
+class JobRunner:
     def __init__(
         self, spark: SparkSession, settings: ProcessorSettings, listener: JobMetricsListener
     ) -> None:
         self.spark = spark
         self.settings = settings
         self.listener = listener
-        self.store = JobStore(settings.jobs_path)
-        self._jobs: dict[str, Job] = {}
-        # One writer per checkpoint across processors that share them (services/processor/leases.py).
+        self.ledger = JobLedger(settings.jobs_path)
+        self.table = JobTable(listener)
+        # One writer per checkpoint across processors that share them (jobs/leases.py).
         self._leases: dict[str, CheckpointLease] = {}
-        self._table_lock = threading.Lock()  # guards _jobs; held only briefly
+        self._leases_lock = threading.Lock()
         self._command_lock = threading.RLock()  # one start/stop/restart at a time
-        # Called before each start, outside the lock: an idle processor's warm-up gives way (shapes.py).
+        # Called before each start, outside the lock: an idle processor's warm-up gives way.
         self.before_start: Callable[[], None] = lambda: None
 
     # --- paths ------------------------------------------------------------------------------------
@@ -186,53 +76,29 @@ class JobManager:
         return checkpoint_of(self.settings, job_id)
 
     # --- reads ------------------------------------------------------------------------------------
-    def _view(self, job: Job) -> JobView:
-        return JobView(
-            job_id=job.spec.id,
-            state=job.state,
-            message=job.message,
-            savepoint_path=job.savepoint_path,
-            epoch=job.epoch,
-            metrics=self.listener.latest(job.spec.id),
-        )
-
     def get(self, job_id: str) -> JobView:
-        with self._table_lock:
-            job = self._jobs.get(job_id)
-            if job is None:
-                raise JobNotFoundError(f"no job {job_id!r} on this processor")
-            return self._view(job)
+        return self.table.view(self.table.get(job_id))
 
     def list(self) -> list[JobView]:
-        with self._table_lock:
-            return [self._view(j) for j in self._jobs.values()]
+        return self.table.views()
 
     def query(self, job_id: str) -> StreamingQuery | None:
-        with self._table_lock:
-            job = self._jobs.get(job_id)
-            return job.query if job is not None else None
+        job = self.table.find(job_id)
+        return job.query if job is not None else None
 
-    def _set(self, job: Job, **changes: object) -> None:
-        with self._table_lock:
-            for name, value in changes.items():
-                setattr(job, name, value)
-            self._jobs[job.spec.id] = job
+    def _set(self, job: HostedJob, **changes: object) -> None:
+        self.table.set(job, **changes)
 
-    def _give_up(self, job: Job, message: str, **changes: object) -> None:
+    def _give_up(self, job: HostedJob, message: str, **changes: object) -> None:
         """FAILED after its query failed and its restarts here did too, or quarantined: not resumed by
         this processor's next start either. Control decides whether the job runs again, and where (its
         StartJob stores it to run again). A job that fails to start on a command or at this
         processor's start (Kafka away, say) leaves the store as it was: a job the processor resumed is
         tried again by its next start."""
         self._set(job, state=JobState.FAILED, message=message, **changes)
-        stored = self.store.get(job.spec.id)
-        if stored is not None and stored.should_run:
-            self.store.put(stored.with_(should_run=False))
-
-    def _forget(self, job: Job) -> None:
-        with self._table_lock:
-            if self._jobs.get(job.spec.id) is job:
-                del self._jobs[job.spec.id]
+        entry = self.ledger.get(job.spec.id)
+        if entry is not None and entry.should_run:
+            self.ledger.put(entry.with_(should_run=False))
 
     def check_savepoint_path(self, path: str, what: str) -> None:
         """A savepoint path a command names must lie under the allowed roots (links followed)."""
@@ -274,36 +140,22 @@ class JobManager:
         return not any(v.state in ACTIVE_STATES for v in self.list())
 
     def start(self, spec: JobSpec, from_savepoint: str = "", *, crashes: int = 0) -> JobView:
-        self.before_start()  # a warm-up gives way first (shapes.py)
+        self.before_start()  # a warm-up gives way first
         with self._command_lock:
-            with self._table_lock:
-                current = self._jobs.get(spec.id)
+            current = self.table.find(spec.id)
             if current is not None and current.state in ACTIVE_STATES:
                 raise JobStateError(f"job {spec.id} is already {current.state}")
-            self.check_savepoint_path(from_savepoint, "from_savepoint")
-            savepoint = savepoints.load(from_savepoint) if from_savepoint else None
-            if savepoint is not None:
-                savepoints.check_compatible(savepoint, spec)
-            checkpoint = self.checkpoint_dir(spec.id)
-            source = savepoint.checkpoint if savepoint is not None else checkpoint
-            # Before any file is touched: a bad spec changes nothing.
-            plan = self.plan(spec, savepoints.versions_of(source), savepoints.trace_state_of(source))
+            savepoint = self._savepoint(from_savepoint, spec)
+            state = savepoint.checkpoint if savepoint is not None else self.checkpoint_dir(spec.id)
+            # Checked before any file is touched: a bad spec changes nothing.
+            plan = self.plan(spec, *savepoints.state_format(state))
             lease = self._take_lease(spec.id)  # nor one another processor's query is writing
             try:
-                epoch = self._epoch_for(spec.id, savepoint)
-                if savepoint is not None:
-                    moved = savepoints.restore(
-                        savepoint, checkpoint, spec.id, epoch, plan.versions, plan.trace
-                    )
-                    lease.renew()  # the restored checkpoint is a new directory, with a lease file of its own
-                    if moved is not None:
-                        log.info("job %s: previous checkpoint moved to %s", spec.id, moved)
-                else:
-                    savepoints.write_note(checkpoint, spec.id, epoch, plan.versions, trace=plan.trace)
+                epoch = self._prepare_checkpoint(spec.id, savepoint, plan, lease)
             except BaseException:
                 self._release(spec.id)
                 raise
-            job = Job(
+            job = HostedJob(
                 spec=spec,
                 epoch=epoch,
                 state=JobState.CREATED,
@@ -313,21 +165,46 @@ class JobManager:
             )
             self._set(job)
             self._run(job, plan)
-            self.store.put(StoredJob(spec=spec, should_run=True, epoch=epoch, crashes=crashes))
-            return self._view(job)
+            self.ledger.put(LedgerEntry(spec=spec, should_run=True, epoch=epoch, crashes=crashes))
+            return self.table.view(job)
+
+    def _savepoint(self, path: str, spec: JobSpec) -> savepoints.Savepoint | None:
+        """The savepoint a start restores from (None without one), checked against the spec."""
+        if not path:
+            return None
+        self.check_savepoint_path(path, "from_savepoint")
+        savepoint = savepoints.load(path)
+        savepoints.check_compatible(savepoint, spec)
+        return savepoint
+
+    def _prepare_checkpoint(
+        self, job_id: str, savepoint: savepoints.Savepoint | None, plan: Plan, lease: CheckpointLease
+    ) -> int:
+        """Restore the savepoint into the job's checkpoint, or note the checkpoint's format in it;
+        returns the epoch the job runs in."""
+        epoch = self._epoch_for(job_id, savepoint)
+        checkpoint = self.checkpoint_dir(job_id)
+        if savepoint is None:
+            savepoints.write_note(checkpoint, job_id, epoch, plan.versions, trace=plan.trace)
+            return epoch
+        moved = savepoints.restore(savepoint, checkpoint, job_id, epoch, plan.versions, plan.trace)
+        lease.renew()  # the restored checkpoint is a new directory, with a lease file of its own
+        if moved is not None:
+            log.info("job %s: previous checkpoint moved to %s", job_id, moved)
+        return epoch
 
     def _epoch_for(self, job_id: str, savepoint: savepoints.Savepoint | None) -> int:
-        stored = self.store.get(job_id)
+        entry = self.ledger.get(job_id)
         checkpoint = self.checkpoint_dir(job_id)
         note = savepoints.read_note(checkpoint)
-        known = ([stored.epoch] if stored else []) + ([int(note["epoch"])] if "epoch" in note else [])
+        known = ([entry.epoch] if entry else []) + ([int(note["epoch"])] if "epoch" in note else [])
         return next_epoch(
             known=known,
             resumes_checkpoint=savepoint is None and (checkpoint / "metadata").exists(),
             savepoint_epoch=savepoint.epoch if savepoint is not None else None,
         )
 
-    def _run(self, job: Job, plan: Plan | None = None) -> None:
+    def _run(self, job: HostedJob, plan: Plan | None = None) -> None:
         spec = job.spec
         try:
             topics = [s.valid_topic for s in spec.sources] + [spec.output_topic]
@@ -345,7 +222,7 @@ class JobManager:
                 plan=plan or self.plan(spec, job.versions, job.trace),
             )
         except CheckpointBusyError as e:  # another processor runs it (control sorts out which)
-            self._forget(job)  # never ran here: nothing to report in heartbeats
+            self.table.forget(job)  # never ran here: nothing to report in heartbeats
             raise CheckpointBusyError(f"job {spec.id} did not start: {e}") from None
         except (SpecError, ProcessorError):
             self._release(spec.id)
@@ -369,60 +246,41 @@ class JobManager:
         return lease
 
     def _lease(self, job_id: str) -> CheckpointLease:
-        with self._table_lock:
+        with self._leases_lock:
             return self._leases.setdefault(job_id, checkpoint_lease(self.settings, job_id))
 
     def _release(self, job_id: str) -> None:
-        with self._table_lock:
+        with self._leases_lock:
             lease = self._leases.pop(job_id, None)
         if lease is not None:
             lease.release()
 
-    def _slots_needed(self, spec: JobSpec) -> int:
-        """Task slots a real-time query holds for as long as it runs: a task per source partition,
-        and (windowed) one per shuffle partition."""
-        sources = sum(partition_count(self.settings.kafka_bootstrap, s.valid_topic) for s in spec.sources)
-        return sources + (REAL_TIME_SHUFFLE_PARTITIONS if spec.kind == "windowed" else 0)
-
     def _check_task_slots(self, spec: JobSpec) -> None:
-        """A real-time query that cannot get all its task slots at once would wait forever (and starve
-        the micro-batch jobs): refuse it with what to change instead."""
-        slots = self.spark.sparkContext.defaultParallelism
-        with self._table_lock:
-            others = [
-                j.spec
-                for j in self._jobs.values()
-                if j.spec.id != spec.id and j.spec.trigger_mode == "real_time" and j.query is not None
-            ]
-        held = sum(self._slots_needed(o) for o in others)
-        needed = self._slots_needed(spec)
-        if held + needed > slots:
-            raise SpecError(
-                f"job {spec.id}: real-time mode holds {needed} task slot(s) for as long as it runs (one per "
-                f"source partition{', plus one for the window state' if spec.kind == 'windowed' else ''}); "
-                f"this processor has {slots} and other real-time jobs hold {held}. Use trigger_mode "
-                "micro_batch, fewer partitions, or more slots (SF_PROCESSOR_SPARK_MASTER=local[N])"
-            )
+        others = [
+            j.spec
+            for j in self.table.jobs()
+            if j.spec.id != spec.id and j.spec.trigger_mode == "real_time" and j.query is not None
+        ]
+        check_task_slots(
+            spec, others, self.spark.sparkContext.defaultParallelism, self.settings.kafka_bootstrap
+        )
 
     def stop(self, job_id: str, savepoint: bool = False, savepoint_dir: str = "") -> JobView:
         with self._command_lock:
-            with self._table_lock:
-                job = self._jobs.get(job_id)
-            if job is None:
-                raise JobNotFoundError(f"no job {job_id!r} on this processor")
+            job = self.table.get(job_id)
             if savepoint:
                 self.check_savepoint_path(savepoint_dir, "savepoint_dir")
             if job.state not in ACTIVE_STATES:
                 if savepoint:
                     raise JobStateError(f"job {job_id} is {job.state}: a savepoint needs a running job")
-                return self._view(job)
+                return self.table.view(job)
             previous = job.state
             self._set(job, state=JobState.CANCELLING)
             self._stop_query(job, at_batch_boundary=savepoint, stopped=True)
             if not savepoint:
                 self._set(job, state=JobState.CANCELED, message="stopped")
-                self.store.put(StoredJob(spec=job.spec, should_run=False, epoch=job.epoch))
-                return self._view(job)
+                self.ledger.put(LedgerEntry(spec=job.spec, should_run=False, epoch=job.epoch))
+                return self.table.view(job)
             root = Path(savepoint_dir) if savepoint_dir else self.settings.savepoints_path
             try:
                 taken = savepoints.take(self.checkpoint_dir(job_id), job.spec, job.epoch, root)
@@ -434,11 +292,13 @@ class JobManager:
                 raise SavepointError(f"{e}; the job keeps running") from e
             path = str(taken.path)
             self._set(job, state=JobState.FINISHED, message="stopped with a savepoint", savepoint_path=path)
-            self.store.put(StoredJob(spec=job.spec, should_run=False, epoch=job.epoch, savepoint_path=path))
+            self.ledger.put(
+                LedgerEntry(spec=job.spec, should_run=False, epoch=job.epoch, savepoint_path=path)
+            )
             log.info("job %s stopped with savepoint %s (batch %s)", job_id, path, taken.last_committed_batch)
-            return self._view(job)
+            return self.table.view(job)
 
-    def _stop_query(self, job: Job, at_batch_boundary: bool, stopped: bool = False) -> None:
+    def _stop_query(self, job: HostedJob, at_batch_boundary: bool, stopped: bool = False) -> None:
         """Stop the job's query and let its checkpoint go; ``stopped``: the job is being stopped
         (cancelled, or for a savepoint), which its checkpoint's note says before another processor
         can take the lease."""
@@ -450,7 +310,7 @@ class JobManager:
         if query is not None:
             self._release(job.spec.id)  # stopped: no longer writing its checkpoint
 
-    def _stop_running(self, job: Job, query: StreamingQuery, at_batch_boundary: bool) -> None:
+    def _stop_running(self, job: HostedJob, query: StreamingQuery, at_batch_boundary: bool) -> None:
         if at_batch_boundary and query.isActive:
             # Stop between two triggers when one comes within the timeout. Stopping mid-batch is safe
             # too: Spark's offset log replays that batch on restore; this only avoids the rework.
@@ -477,33 +337,31 @@ class JobManager:
     def record_crash(self) -> Sequence[str]:
         """Spark's JVM died under us: a strike in the store for every job that was running (a job that
         keeps killing the JVM is then quarantined at the next start). The ids of those jobs."""
-        with self._table_lock:
-            running = [j for j in self._jobs.values() if j.state in (JobState.RUNNING, JobState.FAILING)]
+        running = [j for j in self.table.jobs() if j.state in (JobState.RUNNING, JobState.FAILING)]
         return [job.spec.id for job in running if self._strike(job.spec.id)]
 
     def _strike(self, job_id: str) -> bool:
-        stored = self.store.get(job_id)
-        if stored is None or not stored.should_run:
+        entry = self.ledger.get(job_id)
+        if entry is None or not entry.should_run:
             return False
-        self.store.put(stored.with_(crashes=stored.crashes + 1))
+        self.ledger.put(entry.with_(crashes=entry.crashes + 1))
         return True
 
-    def _clear_crashes(self, job: Job) -> None:
+    def _clear_crashes(self, job: HostedJob) -> None:
         """A job that completed a micro-batch after a JVM death was not what killed it."""
         query = job.query
         if job.crashes == 0 or query is None or query.lastProgress is None:
             return
-        stored = self.store.get(job.spec.id)
-        if stored is not None:
-            self.store.put(stored.with_(crashes=0))
+        entry = self.ledger.get(job.spec.id)
+        if entry is not None:
+            self.ledger.put(entry.with_(crashes=0))
         self._set(job, crashes=0)
 
     def supervise(self, now: float | None = None) -> None:
         """Notice dead queries; restart them from their checkpoint with back-off, or fail the job."""
         now = time.monotonic() if now is None else now
         s = self.settings
-        with self._table_lock:
-            jobs = list(self._jobs.values())
+        jobs = self.table.jobs()
         for job in jobs:
             query = job.query
             if job.state == JobState.RUNNING and job.crashes:
@@ -539,41 +397,40 @@ class JobManager:
     def resume_stored(self, skip: set[str]) -> None:
         """Start again every job that ran when the processor last stopped (or died), but those
         ``stored_verdicts`` rules out; quarantined ones are FAILED with the reason."""
-        for v in stored_verdicts(self.settings):
-            stored = v.stored
-            if stored.spec.id in skip:
+        for v in resume_verdicts(self.settings):
+            entry = v.entry
+            if entry.spec.id in skip:
                 continue
             if v.verdict == "quarantined":
                 message = (
-                    f"{QUARANTINED} Spark's JVM died {stored.crashes} times while this job ran, before it "
+                    f"{QUARANTINED} Spark's JVM died {entry.crashes} times while this job ran, before it "
                     "completed a micro-batch; it is not resumed. Check its expressions and volume, then "
                     "submit it again"
                 )
-                log.error("job %s %s", stored.spec.id, message)
-                self._give_up(Job(spec=stored.spec, epoch=stored.epoch, state=JobState.FAILED), message)
+                log.error("job %s %s", entry.spec.id, message)
+                self._give_up(HostedJob(spec=entry.spec, epoch=entry.epoch, state=JobState.FAILED), message)
             elif v.verdict == "stopped":
                 # Control moved it while this processor was down, and it was stopped where it ran.
-                log.info("job %s not resumed: it was stopped since it last ran here", stored.spec.id)
-                self.store.put(stored.with_(should_run=False))
+                log.info("job %s not resumed: it was stopped since it last ran here", entry.spec.id)
+                self.ledger.put(entry.with_(should_run=False))
             elif v.verdict == "held":  # control moved it while this processor was down: no Spark work
                 log.info(
                     "job %s not resumed: its checkpoint is in use by another query (%s)",
-                    stored.spec.id,
+                    entry.spec.id,
                     v.holder,
                 )
             else:
                 began = time.monotonic()
                 try:
-                    self.start(stored.spec, crashes=stored.crashes)
+                    self.start(entry.spec, crashes=entry.crashes)
                 except (ProcessorError, SpecError) as e:
-                    log.error("job %s not resumed: %s", stored.spec.id, e)
+                    log.error("job %s not resumed: %s", entry.spec.id, e)
                 else:
-                    log.info("job %s resumed in %.1f s", stored.spec.id, time.monotonic() - began)
+                    log.info("job %s resumed in %.1f s", entry.spec.id, time.monotonic() - began)
 
     def shutdown(self) -> None:
         """Stop every query (the service is going down); jobs that should run resume on restart."""
         with self._command_lock:
-            with self._table_lock:
-                jobs = list(self._jobs.values())
+            jobs = self.table.jobs()
             for job in jobs:
                 self._stop_query(job, at_batch_boundary=False)

@@ -27,7 +27,8 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from services.processor.settings import ProcessorSettings
-from services.processor.warmup import shape_of, warm_up
+from services.processor.warmup.specs import shape_of
+from services.processor.warmup.startup import warm_up
 from shared import constants
 from shared.jobspec import JobSpec
 

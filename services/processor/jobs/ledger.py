@@ -4,7 +4,7 @@
 job id has used (versions must keep growing across restores: see ``versions``) and its last
 savepoint, and how often Spark's JVM died while it ran. A processor that restarts (after SIGKILL too)
 starts again every job that should run, from its checkpoint, in the same epoch, unless the job was
-running each time the JVM died lately (see JobManager.record_crash).
+running each time the JVM died lately (JobRunner.record_crash).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from shared.jobspec import JobSpec, parse_job_spec, spec_to_json
 
 
 @dataclass(frozen=True)
-class StoredJob:
+class LedgerEntry:
     spec: JobSpec
     should_run: bool
     epoch: int
@@ -29,21 +29,21 @@ class StoredJob:
     # Times Spark's JVM died while the job ran, since its last completed micro-batch.
     crashes: int = 0
 
-    def with_(self, **changes: object) -> StoredJob:
+    def with_(self, **changes: object) -> LedgerEntry:
         return replace(self, **changes)  # type: ignore[arg-type]
 
 
-class JobStore:
+class JobLedger:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
 
     def _path(self, job_id: str) -> Path:
         return self.directory / f"{job_id}.json"
 
-    def get(self, job_id: str) -> StoredJob | None:
+    def get(self, job_id: str) -> LedgerEntry | None:
         try:
             raw = orjson.loads(self._path(job_id).read_bytes())
-            return StoredJob(
+            return LedgerEntry(
                 spec=parse_job_spec(orjson.dumps(raw["spec"])),
                 should_run=bool(raw["should_run"]),
                 epoch=int(raw["epoch"]),
@@ -56,7 +56,7 @@ class JobStore:
             # A damaged record must not keep the processor from starting; the job is just not resumed.
             return None
 
-    def put(self, job: StoredJob) -> None:
+    def put(self, job: LedgerEntry) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         body = {
             "spec": orjson.loads(spec_to_json(job.spec)),
@@ -70,7 +70,7 @@ class JobStore:
         tmp.write_bytes(orjson.dumps(body, option=orjson.OPT_INDENT_2))
         os.replace(tmp, path)
 
-    def all(self) -> list[StoredJob]:
+    def all(self) -> list[LedgerEntry]:
         if not self.directory.is_dir():
             return []
         jobs = [self.get(p.stem) for p in sorted(self.directory.glob("*.json"))]

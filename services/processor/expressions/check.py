@@ -31,7 +31,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from services.processor.allowed_expressions import (
+from services.processor.expressions.allowed import (
     ALLOWED,
     BOUNDED_BUILDERS,
     CATALYST,
@@ -41,7 +41,7 @@ from services.processor.allowed_expressions import (
     PATTERN_ARGUMENT,
     REFUSAL_REASONS,
 )
-from services.processor.regex_safety import like_problem, regex_problem
+from services.processor.expressions.regex_safety import like_problem, regex_problem
 from shared.errors import SpecError
 
 Role = Literal["derive", "filter", "having"]

@@ -30,8 +30,8 @@ from pyspark import SparkContext
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from services.processor.app import build_spark
 from services.processor.settings import ProcessorSettings
+from services.processor.spark.session import build_spark
 
 # Batches with rows the training query runs: the first plans and compiles, later ones take the
 # steady path (state store commit, maintenance), whose classes the archive should hold too.

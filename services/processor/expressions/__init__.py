@@ -1,0 +1,1 @@
+"""Checking user expressions (derive, filter, having) before Spark runs them."""

@@ -1,0 +1,16 @@
+"""Internal column names of a job's plan; user expressions may not name anything starting with "__"."""
+
+EVENT_TIME = "__event_time"
+KEY = "__key"
+SOURCE_PARTITION = "__partition"
+SOURCE_OFFSET = "__offset"
+SOURCE_INDEX = "__index"  # the event's place in its record's pack (0 for a record of one event)
+WINDOW = "__window"
+ROWS = "__rows"  # rows aggregated into the window so far: its version (versions.version_column)
+RIGHT_KEY = "__right_key"
+RIGHT_EVENT_TIME = "__right_event_time"
+# A record's W3C traceparent when it says "sampled", else NULL.
+TRACE = "__traceparent"
+TRACE_PART = "__trace_"  # a window's sampled trace context as numbers (tracing.TRACE_NUMBERS)
+# Observed metrics counting rows the processor could not read, per source (source.readable).
+MALFORMED_OBSERVATIONS = ("sf_malformed", "sf_malformed_joined")

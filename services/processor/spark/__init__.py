@@ -1,0 +1,1 @@
+"""Spark's JVM as the processor runs it: the session, scheduler internals, scratch space, class archive."""

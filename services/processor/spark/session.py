@@ -1,0 +1,157 @@
+"""The processor's SparkSession: its fixed settings and those that follow from ProcessorSettings."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+from services.processor.errors import ProcessorError
+from services.processor.settings import ProcessorSettings
+
+log = logging.getLogger(__name__)
+
+DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
+EXECUTOR_JAVA_OPTIONS = "spark.executor.extraJavaOptions"
+DRIVER_CLASS_PATH = "spark.driver.extraClassPath"
+EXECUTOR_IN_WORK_DIR = "-Djava.io.tmpdir=."  # relative: the executor's working directory
+# ProcessorSettings.jit -> JVM options; "quick" is C1 alone, without C2.
+JIT_OPTIONS = {"tiered": "", "quick": "-XX:TieredStopAtLevel=1"}
+ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+CHECKPOINT_FILE_MANAGER = (
+    "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
+)
+FORKLESS_LOCAL_FS = "io.streamforge.hadoop.ForklessLocalFileSystem"
+REALTIME_SHUFFLE_FLUSH = "spark.shuffle.streaming.networkBufferMaxWaitTimeMs"
+STATE_CLEANUP_PER_ROW = "spark.sql.streaming.statefulOperator.incrementalCleanupFactor"
+OBJECT_HASH_AGG_GROUPS = "spark.sql.objectHashAggregate.sortBased.fallbackThreshold"
+AUTHENTICATE = "spark.authenticate"
+
+
+def is_local(settings: ProcessorSettings) -> bool:
+    return settings.spark_master.startswith("local")
+
+
+def class_archive_options(archive: str) -> str:
+    """The driver JVM's options that map the class archive ``archive`` (spark/class_archive.py), or ""."""
+    return f"-XX:SharedArchiveFile={archive} -Xshare:auto" if archive and Path(archive).is_file() else ""
+
+
+def local_auth_options(settings: ProcessorSettings) -> dict[str, str]:
+    """With a local master, Spark's own ports ask every caller for a secret.
+
+    The driver's RPC and block-manager ports listen on loopback and would otherwise hand any local
+    process's bytes to Java deserialization. With a local master Spark generates the secret itself;
+    a cluster master needs the cluster's secret in ``spark_conf``.
+    """
+    return {AUTHENTICATE: "true"} if is_local(settings) else {}
+
+
+def local_fs_options(settings: ProcessorSettings) -> dict[str, str]:
+    """Give ``file:`` paths a Hadoop local file system that does not fork `chmod` per created file.
+
+    Without Hadoop's native library every checkpoint file forks the JVM for `chmod`. The file system
+    is used with a local master only (executors elsewhere lack the class), but its jar always goes on
+    the driver's class path: the class archive was made with it there, and a JVM on another class
+    path cannot map the archive.
+    """
+    jar = settings.local_fs_jar
+    if not jar:
+        return {}
+    if not Path(jar).is_file():
+        log.warning("local file system jar %s not found: Hadoop's own (a chmod process per file)", jar)
+        return {}
+    path = ":".join(p for p in (jar, settings.spark_conf.get(DRIVER_CLASS_PATH, "")) if p)
+    if not is_local(settings):
+        return {DRIVER_CLASS_PATH: path}
+    return {DRIVER_CLASS_PATH: path, "spark.hadoop.fs.file.impl": FORKLESS_LOCAL_FS}
+
+
+def local_file_system(spark: SparkSession) -> Any:
+    """The Hadoop file system (a JVM object) the session's queries use for ``file:`` paths."""
+    jvm = spark.sparkContext._jvm
+    if jvm is None:
+        raise ProcessorError("the SparkSession has no JVM gateway")
+    hadoop = spark._jsparkSession.sessionState().newHadoopConf()
+    return jvm.org.apache.hadoop.fs.FileSystem.get(jvm.java.net.URI("file:///"), hadoop)
+
+
+def session_conf(settings: ProcessorSettings, scratch: Path | None = None) -> dict[str, str]:
+    """The Spark settings that follow from the processor's own; ``spark_conf`` wins over defaults.
+
+    ``scratch`` becomes the driver JVM's java.io.tmpdir, and so Spark's local directory unless
+    ``spark.local.dir`` is set (spark/scratch.py).
+    """
+    conf = {
+        REALTIME_SHUFFLE_FLUSH: str(settings.realtime_shuffle_flush_ms),
+        STATE_CLEANUP_PER_ROW: str(settings.state_cleanup_per_row),
+        OBJECT_HASH_AGG_GROUPS: str(settings.object_hash_agg_groups),
+        **local_auth_options(settings),
+        **settings.spark_conf,
+        **local_fs_options(settings),
+    }
+    archive_options = class_archive_options(settings.class_archive)
+    if settings.class_archive and not archive_options:
+        log.warning("class archive %s not found: Spark's JVM starts without it", settings.class_archive)
+    jit = JIT_OPTIONS[settings.jit]
+    given_tmpdir = "-Djava.io.tmpdir=" in conf.get(DRIVER_JAVA_OPTIONS, "")
+    tmpdir = shlex.quote(f"-Djava.io.tmpdir={scratch}") if scratch is not None and not given_tmpdir else ""
+    _add_java_options(conf, DRIVER_JAVA_OPTIONS, archive_options, jit, tmpdir)
+    # A standalone worker starts each executor in a work directory of its own: what the executor
+    # extracts there (RocksDB's library) goes with that directory, not into /tmp for ever.
+    executor_tmpdir = (
+        EXECUTOR_IN_WORK_DIR
+        if settings.spark_master.startswith("spark://")
+        and "-Djava.io.tmpdir=" not in conf.get(EXECUTOR_JAVA_OPTIONS, "")
+        else ""
+    )
+    # Executors elsewhere start cold with the application, like its driver: the same JIT.
+    _add_java_options(conf, EXECUTOR_JAVA_OPTIONS, jit, executor_tmpdir)
+    return conf
+
+
+def _add_java_options(conf: dict[str, str], key: str, *options: str) -> None:
+    """Append ``options`` to the JVM options under ``key``, after any spark_conf gave."""
+    joined = " ".join(o for o in (conf.get(key, ""), *options) if o)
+    if joined:
+        conf[key] = joined
+
+
+def build_spark(settings: ProcessorSettings, jars: list[str], scratch: Path | None = None) -> SparkSession:
+    # Spark's web UI binds to SPARK_LOCAL_IP, else to every interface: keep it on loopback.
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    builder = (
+        SparkSession.builder.master(settings.spark_master)
+        .appName("streamforge-processor")
+        .config("spark.jars", ",".join(jars))
+        .config("spark.driver.memory", settings.driver_memory)
+        .config("spark.sql.shuffle.partitions", str(settings.shuffle_partitions))
+        .config("spark.sql.session.timeZone", "UTC")
+        # A bad cast or a division by zero in a job expression gives NULL instead of failing the
+        # query on one odd event.
+        .config("spark.sql.ansi.enabled", "false")
+        .config("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
+        # Each batch uploads only the changed state, not a RocksDB snapshot.
+        .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
+        # FileSystem, not FileContext: without Hadoop's native library FileContext's rename forks
+        # `readlink`. Its overwrite-refusing rename is not needed: the checkpoint lease already keeps
+        # a second query off the checkpoint.
+        .config("spark.sql.streaming.checkpointFileManagerClass", CHECKPOINT_FILE_MANAGER)
+        # Without these Spark binds to the first non-loopback address.
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.ui.enabled", str(settings.spark_ui_enabled).lower())
+        .config("spark.ui.port", str(settings.spark_ui_port))
+        # A read-only UI: no links that kill a job's stages from a browser.
+        .config("spark.ui.killEnabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+    )
+    for key, value in session_conf(settings, scratch).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
