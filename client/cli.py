@@ -26,8 +26,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from shared.client.sdk import Client, ClientError
-from shared.client.settings import CliSettings
+from client.sdk import Client, ClientError
+from client.settings import CliSettings
 from shared.errors import StreamForgeError
 
 app = typer.Typer(
@@ -329,7 +329,7 @@ def produce(
     seed: Annotated[int, typer.Option(help="random seed (same seed, same data)")] = 7,
 ) -> None:
     """Produce sample click events (infra.datagen: pages, users, latencies, some out of order)."""
-    from shared.client.samples import click_events
+    from client.samples import click_events
     from shared.jobspec import parse_duration_ms
 
     try:
