@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from shared.client.samples import PAGES, Dataset, click_events
+from client.samples import PAGES, Dataset, click_events
 
 __all__ = ["PAGES", "Dataset", "click_events"]
 

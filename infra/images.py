@@ -183,14 +183,14 @@ def runtime_requirements(lock_text: str) -> tuple[list[str], list[str]]:
 
 
 def _code_files() -> list[Path]:
-    """The files the service images copy: shared/ (without the CLI and SDK) and services/."""
+    """The files the service images copy: shared/ and services/ (not the CLI and SDK in client/)."""
     files = []
     for top in ("shared", "services"):
         for path in sorted((ROOT / top).rglob("*")):
             rel = path.relative_to(ROOT)
             if not path.is_file() or "__pycache__" in rel.parts or path.suffix in (".pyc", ".md"):
                 continue
-            if rel.parts[:2] == ("shared", "client") or (path.name == "build.py" and rel.parts[1] == "proto"):
+            if path.name == "build.py" and rel.parts[1] == "proto":
                 continue
             files.append(path)
     return files

@@ -17,6 +17,7 @@ import httpx
 import pytest
 import redis
 
+from client.sdk import Client
 from infra import images, kube
 from infra.container_stack import (
     Credentials,
@@ -33,7 +34,6 @@ from infra.datagen import oracle_window_counts
 from infra.stack import StackConfig
 from services.processor.spark.session import FORKLESS_LOCAL_FS
 from shared import constants
-from shared.client.sdk import Client
 from shared.kafka import ensure_topics
 from tests.e2e.stack_util import PAGE_VIEWS_SPEC
 

@@ -13,10 +13,10 @@ import pytest
 import uvicorn
 from typer.testing import CliRunner
 
+from client.cli import app as cli
+from client.sdk import Client, ClientError, Job, count, tumbling
 from services.control.api import create_app
 from services.control.plane import ControlPlane
-from shared.client.cli import app as cli
-from shared.client.sdk import Client, ClientError, Job, count, tumbling
 from tests.integration import test_control_fakes as fakes
 from tests.integration.test_control_fakes import (
     READ_TOKEN,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.client.sdk import (
+from client.sdk import (
     Job,
     avg,
     count,

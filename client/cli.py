@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -26,8 +28,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from shared.client.sdk import Client, ClientError
-from shared.client.settings import CliSettings
+from client.sdk import Client, ClientError
+from client.settings import CliSettings
 from shared.errors import StreamForgeError
 
 app = typer.Typer(
@@ -87,6 +89,17 @@ def _fail(e: Exception) -> typer.Exit:
     return typer.Exit(1)
 
 
+@contextmanager
+def _control(busy: str = "") -> Iterator[Client]:
+    """A client of the control API, with a spinner saying ``busy`` if given; a StreamForgeError
+    raised inside ends the command with its message and exit code 1."""
+    try:
+        with _client() as client, console.status(busy) if busy else nullcontext():
+            yield client
+    except StreamForgeError as e:
+        raise _fail(e) from None
+
+
 def _state(state: str) -> str:
     return f"[{STATE_STYLE.get(state, 'white')}]{state}[/]"
 
@@ -120,22 +133,16 @@ def submit(
     wait: Annotated[bool, typer.Option(help="wait for the processor's answer")] = True,
 ) -> None:
     """Submit a job spec; it runs on a live processor (or waits CREATED for one)."""
-    try:
-        with _client() as client, console.status(f"submitting {spec.name}..."):
-            job = client.submit(spec, from_savepoint=from_savepoint, wait=wait)
-    except StreamForgeError as e:
-        raise _fail(e) from None
+    with _control(f"submitting {spec.name}...") as client:
+        job = client.submit(spec, from_savepoint=from_savepoint, wait=wait)
     _show_status(job)
 
 
 @app.command("list")
 def list_jobs(state: Annotated[str | None, typer.Option(help="only jobs in this state")] = None) -> None:
     """Every job control knows, oldest first."""
-    try:
-        with _client() as client:
-            jobs = client.jobs(state)
-    except StreamForgeError as e:
-        raise _fail(e) from None
+    with _control() as client:
+        jobs = client.jobs(state)
     table = Table("job", "state", "processor", "submitted", "message")
     for j in jobs:
         table.add_row(
@@ -151,21 +158,15 @@ def list_jobs(state: Annotated[str | None, typer.Option(help="only jobs in this 
 @app.command()
 def status(job_id: str) -> None:
     """A job's state, why, where it runs, its savepoint."""
-    try:
-        with _client() as client:
-            _show_status(client.status(job_id))
-    except StreamForgeError as e:
-        raise _fail(e) from None
+    with _control() as client:
+        _show_status(client.status(job_id))
 
 
 @app.command()
 def cancel(job_id: str, wait: Annotated[bool, typer.Option(help="wait until it stopped")] = True) -> None:
     """Stop a job without a savepoint."""
-    try:
-        with _client() as client, console.status(f"cancelling {job_id}..."):
-            job = client.cancel(job_id, wait=wait)
-    except StreamForgeError as e:
-        raise _fail(e) from None
+    with _control(f"cancelling {job_id}...") as client:
+        job = client.cancel(job_id, wait=wait)
     _show_status(job)
 
 
@@ -176,11 +177,8 @@ def savepoint(
     wait: Annotated[bool, typer.Option(help="wait for the savepoint")] = True,
 ) -> None:
     """Stop a job at a batch boundary with a savepoint (resume it with `resume`)."""
-    try:
-        with _client() as client, console.status(f"taking a savepoint of {job_id}..."):
-            job = client.savepoint(job_id, directory, wait=wait)
-    except StreamForgeError as e:
-        raise _fail(e) from None
+    with _control(f"taking a savepoint of {job_id}...") as client:
+        job = client.savepoint(job_id, directory, wait=wait)
     _show_status(job)
 
 
@@ -191,11 +189,8 @@ def resume(
     new_id: Annotated[str | None, typer.Option(help="run it under another id")] = None,
 ) -> None:
     """Start a stopped job again from a savepoint."""
-    try:
-        with _client() as client, console.status(f"resuming {job_id}..."):
-            job = client.resume(job_id, savepoint=savepoint_path, new_id=new_id)
-    except StreamForgeError as e:
-        raise _fail(e) from None
+    with _control(f"resuming {job_id}...") as client:
+        job = client.resume(job_id, savepoint=savepoint_path, new_id=new_id)
     _show_status(job)
 
 
@@ -208,11 +203,8 @@ def results(
     limit: Annotated[int, typer.Option(min=1, max=100_000)] = 1000,
 ) -> None:
     """Window results from Redis, by key and time range."""
-    try:
-        with _client() as client:
-            windows = client.results(job_id, key=key, start=start, end=end, limit=limit)
-    except StreamForgeError as e:
-        raise _fail(e) from None
+    with _control() as client:
+        windows = client.results(job_id, key=key, start=start, end=end, limit=limit)
     names = sorted({n for w in windows for n in w["aggregates"]})
     table = Table("key", "window start (UTC)", "end", *names, "version", "final")
     for w in windows:
@@ -231,11 +223,8 @@ def results(
 @app.command()
 def metrics(job_id: Annotated[str | None, typer.Argument(help="a job; without: the cluster")] = None) -> None:
     """A job's last metrics from its processor, or cluster-wide numbers."""
-    try:
-        with _client() as client:
-            data = client.metrics(job_id) if job_id else client.cluster_metrics()
-    except StreamForgeError as e:
-        raise _fail(e) from None
+    with _control() as client:
+        data = client.metrics(job_id) if job_id else client.cluster_metrics()
     values = data.get("metrics", data) if job_id else data
     table = Table("metric", "value")
     for name, value in values.items():
@@ -246,11 +235,8 @@ def metrics(job_id: Annotated[str | None, typer.Argument(help="a job; without: t
 @app.command()
 def services(service: Annotated[str | None, typer.Option(help="ingest, processor or sink")] = None) -> None:
     """Registered ingest, processor and sink instances: health, heartbeat, load."""
-    try:
-        with _client() as client:
-            rows = client.services(service)
-    except StreamForgeError as e:
-        raise _fail(e) from None
+    with _control() as client:
+        rows = client.services(service)
     table = Table(
         "instance", "service", "address", "health", "grpc health", "heartbeat", "cpu %", "rss MiB", "jobs"
     )
@@ -329,7 +315,7 @@ def produce(
     seed: Annotated[int, typer.Option(help="random seed (same seed, same data)")] = 7,
 ) -> None:
     """Produce sample click events (infra.datagen: pages, users, latencies, some out of order)."""
-    from shared.client.samples import click_events
+    from client.samples import click_events
     from shared.jobspec import parse_duration_ms
 
     try:

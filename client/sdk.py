@@ -1,6 +1,6 @@
 """The Python SDK: a fluent job builder that compiles to the declarative spec, and an API client.
 
-    from shared.client.sdk import Client, Job, count, tumbling
+    from client.sdk import Client, Job, count, tumbling
 
     job = (
         Job("word-count")
