@@ -40,11 +40,11 @@ test-cluster: setup
 	@$(BIN)/pytest -q -ra tests/cluster
 
 # The four service images (podman; Debian base from mmdebstrap, no registry), rebuilt only when their
-# inputs change: infra/images.py. Installs podman, runc and mmdebstrap when missing (root).
+# inputs change: infra/images/build.py. Installs podman, runc and mmdebstrap when missing (root).
 images: setup
 	@$(BIN)/python -m infra.images
 
-# The pipeline through the images: `podman run` of each service, then `podman kube play` of infra/k8s.
+# The pipeline through the images: `podman run` of each service, then `podman kube play` of infra/images/k8s.
 test-containers: images
 	@$(BIN)/pytest -q -ra -m containers tests/containers
 

@@ -314,7 +314,7 @@ def produce(
     bad_every: Annotated[int, typer.Option(help="a malformed record after every N (0: none)")] = 0,
     seed: Annotated[int, typer.Option(help="random seed (same seed, same data)")] = 7,
 ) -> None:
-    """Produce sample click events (infra.datagen: pages, users, latencies, some out of order)."""
+    """Produce sample click events (pages, users, latencies, some out of order)."""
     from client.samples import click_events
     from shared.jobspec import parse_duration_ms
 

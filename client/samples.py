@@ -2,7 +2,7 @@
 
 Events move forward in event time, a share of them arrive out of order (but never by more than
 ``max_disorder_ms``, so none is late for a watermark with a larger bound), and a few are malformed
-on purpose so the dead-letter path is visible. infra.datagen holds the oracles that know their answers.
+on purpose so the dead-letter path is visible. infra.demo.datagen holds the oracles that know their answers.
 """
 
 from __future__ import annotations

@@ -7,17 +7,22 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from infra import apt, class_archive, fetch, local_fs, pki, procs
+from infra import pki
+from infra.artifacts import apt, class_archive, fetch, local_fs
 from infra.errors import InfraError
-from infra.kafka_broker import DEFAULT_HEAP, KafkaBroker
+from infra.local import procs
+from infra.local.kafka_broker import DEFAULT_HEAP, KafkaBroker
+from infra.local.redis_server import RedisServer
 from infra.paths import CACHE_DIR, RUN_DIR
-from infra.redis_server import RedisServer
+
+if TYPE_CHECKING:
+    from infra.cluster.topology import ClusterConfig
 
 console = Console(highlight=False, soft_wrap=True)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -109,10 +114,26 @@ def cmd_status(args: argparse.Namespace) -> None:
         console.print(_status_table(args, run_dir))
 
 
-def _status_table(args: argparse.Namespace, run_dir: Path) -> Table:
-    table = Table(title=f"infra status ({run_dir})")
-    for col in ("component", "pid", "port", "RSS MB", "alive", "ready"):
+def _process_table(title: str, first: str, *extra: str) -> Table:
+    """A table of processes: ``first`` (their name), pid, port, RSS MB, alive, then ``extra`` columns."""
+    table = Table(title=title)
+    for col in (first, "pid", "port", "RSS MB", "alive", *extra):
         table.add_column(col, justify="right" if col in ("pid", "port", "RSS MB") else "left")
+    return table
+
+
+def _process_cells(pid: int | None, port: int | None, rss: float) -> list[str]:
+    """The pid, port, RSS MB and alive cells of a process (``rss`` is read only when it runs)."""
+    return [
+        str(pid) if pid else "-",
+        str(port) if port else "-",
+        f"{rss:.0f}" if pid else "-",
+        "[green]yes[/]" if pid else "[red]no[/]",
+    ]
+
+
+def _status_table(args: argparse.Namespace, run_dir: Path) -> Table:
+    table = _process_table(f"infra status ({run_dir})", "component", "ready")
     names = ["kafka", "redis", *(n for n in procs.known_names(run_dir) if n not in ("kafka", "redis"))]
     for name in names:
         pid = procs.pid_of(name, run_dir)
@@ -125,19 +146,14 @@ def _status_table(args: argparse.Namespace, run_dir: Path) -> Table:
                 ready = RedisServer(run_dir, port or args.redis_port).is_healthy()
             elif port is not None:
                 ready = procs.port_in_use(port)
-        table.add_row(
-            name,
-            str(pid) if pid else "-",
-            str(port) if port else "-",
-            f"{procs.rss_mb(pid):.0f}" if pid else "-",
-            "[green]yes[/]" if pid else "[red]no[/]",
-            "-" if ready is None else ("[green]yes[/]" if ready else "[red]no[/]"),
-        )
+        rss = procs.rss_mb(pid) if pid else 0.0
+        readiness = "-" if ready is None else ("[green]yes[/]" if ready else "[red]no[/]")
+        table.add_row(name, *_process_cells(pid, port, rss), readiness)
     return table
 
 
 def cmd_pki(args: argparse.Namespace) -> None:
-    """The project CA and the services' certificates for mutual TLS on gRPC (infra/pki.py)."""
+    """The project CA and the services' certificates for mutual TLS on gRPC (pki.py)."""
     t0 = time.monotonic()
     directory = (args.dir or args.run_dir / "pki").resolve()
     issued = pki.rotate(directory) if args.rotate else pki.ensure_pki(directory)
@@ -146,17 +162,17 @@ def cmd_pki(args: argparse.Namespace) -> None:
 
 
 def cmd_cluster(args: argparse.Namespace) -> None:
-    """The multi-node topology of infra/cluster.py: up, down or status."""
-    from infra import cluster
+    """The multi-node topology of infra/cluster/: up, down or status."""
+    from infra.cluster import topology
 
-    cfg = cluster.config(tests=args.tests)
+    cfg = topology.config(tests=args.tests)
     t0 = time.monotonic()
     if args.action == "down":
-        stopped = cluster.down(cfg)
+        stopped = topology.down(cfg)
         _done(f"stopped: {', '.join(stopped) if stopped else 'nothing was running'}", t0)
         return
     if args.action == "up":
-        cluster.up(cfg, _step)
+        topology.up(cfg, _step)
         _done(f"cluster up in {cfg.run_dir}", t0)
     console.print(_cluster_table(cfg))
     if args.action == "up":
@@ -169,28 +185,20 @@ def cmd_cluster(args: argparse.Namespace) -> None:
         )
 
 
-def _cluster_table(cfg: Any) -> Table:
-    from infra import cluster
+def _cluster_table(cfg: ClusterConfig) -> Table:
+    from infra.cluster import topology
 
-    k, master = cluster.kafka(cfg), cluster.spark_master(cfg)
+    k, master = topology.kafka(cfg), topology.spark_master(cfg)
     brokers = k.live_brokers()
     apps = [f"{a.get('name')} ({a.get('cores')} cores)" for a in master.applications()]
-    alive = cluster.registered(cfg)
-    table = Table(title=f"cluster ({cfg.run_dir})")
-    for col in ("process", "pid", "port", "RSS MB", "alive"):
-        table.add_column(col, justify="right" if col in ("pid", "port", "RSS MB") else "left")
+    alive = topology.registered(cfg)
+    table = _process_table(f"cluster ({cfg.run_dir})", "process")
     total = 0.0
-    for name, port in cluster.processes(cfg):
+    for name, port in topology.processes(cfg):
         pid = procs.pid_of(name, cfg.run_dir)
         rss = procs.rss_mb(pid) if pid else 0.0
         total += rss
-        table.add_row(
-            name,
-            str(pid) if pid else "-",
-            str(port) if port else "-",
-            f"{rss:.0f}" if pid else "-",
-            "[green]yes[/]" if pid else "[red]no[/]",
-        )
+        table.add_row(name, *_process_cells(pid, port, rss))
     table.add_row("total", "", "", f"{total:.0f}", "")
     under = k.under_replicated() if brokers else ["?"]
     table.caption = (
@@ -203,7 +211,7 @@ def _cluster_table(cfg: Any) -> Table:
 
 
 def cmd_smoke(args: argparse.Namespace) -> None:
-    from infra import smoke
+    from infra.local import smoke
 
     kafka, redis = _services(args)
     smoke.run(kafka, redis, spark=args.spark, log=_step, cache_dir=args.cache_dir)

@@ -25,7 +25,7 @@ def ensure_topics(bootstrap: str, topics: Iterable[str], partitions: int, timeou
     """Create the topics that do not exist yet; an existing topic is left as it is.
 
     Replication factor and min.insync.replicas are the cluster's defaults (``default.replication.factor``,
-    ``min.insync.replicas``): 1 on a single broker, 3 and 2 on infra/cluster.py's three-node cluster.
+    ``min.insync.replicas``): 1 on a single broker, 3 and 2 on the three-node cluster of infra/cluster/.
     """
     client = admin(bootstrap)
     wanted = sorted(set(topics))

@@ -14,9 +14,9 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from infra.local.stack import StackConfig, broker, redis_server, zipkin_server
+from infra.local.zipkin import ZipkinServer
 from infra.paths import RUN_DIR
-from infra.stack import StackConfig, broker, redis_server, zipkin_server
-from infra.zipkin import ZipkinServer
 
 # SF_TEST_PORT_OFFSET lets several test runs share a machine (each its own ports and run dir).
 _OFFSET = int(os.environ.get("SF_TEST_PORT_OFFSET", "0"))
@@ -41,7 +41,7 @@ def stack_cfg() -> StackConfig:
 
 @pytest.fixture(scope="session")
 def _fresh_run_dir(stack_cfg: StackConfig) -> None:
-    from infra import procs
+    from infra.local import procs
 
     procs.stop_all(stack_cfg.run_dir)
     shutil.rmtree(stack_cfg.run_dir, ignore_errors=True)

@@ -106,7 +106,7 @@ def main(argv: list[str]) -> int:
 
 def stop_stack(clear: bool = False) -> None:
     """Stop every process of the report parts' stack (tests/bench/stack.py); ``clear``: its run dir too."""
-    from infra import procs
+    from infra.local import procs
     from tests.bench.stack import RUN
 
     procs.stop_all(RUN)

@@ -10,7 +10,7 @@ commit, and, where `perf` can count them, the processes the machine exec'd (Hado
 system forks `chmod` and, behind FileContext, `readlink`; each fork is two execs, jspawnhelper's and
 the command's). services/processor/README.md, Checkpoints and savepoints.
 
-The session has the processor's local file system when set-up made its jar (infra/local_fs.py): the
+The session has the processor's local file system when set-up made its jar (infra/artifacts/local_fs.py): the
 FileSystem runs then create files without `chmod` processes. FileContext reaches local files through
 Hadoop's own AbstractFileSystem, not that class, and still forks for both.
 """
@@ -29,8 +29,8 @@ from typing import Any
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from infra.class_archive import processor_jvm_settings
-from infra.fetch import spark_kafka_jars
+from infra.artifacts.class_archive import processor_jvm_settings
+from infra.artifacts.fetch import spark_kafka_jars
 from services.processor.settings import ProcessorSettings
 from services.processor.spark.session import CHECKPOINT_FILE_MANAGER, build_spark
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import redis
 
-from infra.stack import StackConfig
+from infra.local.stack import StackConfig
 from shared.kafka import ensure_topics
 from tests.bench import boundaries, workload
 from tests.bench.bench_freshness import MARKERS_PER_S

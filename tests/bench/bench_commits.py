@@ -20,7 +20,7 @@ from typing import Any
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from infra.stack import StackConfig
+from infra.local.stack import StackConfig
 from shared.kafka import ensure_topics
 from tests.bench import workload
 from tests.bench.bench_freshness import MARKERS_PER_S, RATES, warm_up

@@ -24,7 +24,7 @@ from typing import Any
 
 import redis
 
-from infra import procs
+from infra.local import procs
 from infra.paths import ROOT
 from shared import constants
 from shared.kafka import ensure_topics

@@ -37,8 +37,8 @@ from typing import Any
 
 import redis
 
-from infra import procs
-from infra.stack import StackConfig
+from infra.local import procs
+from infra.local.stack import StackConfig
 from shared import constants
 from shared.jobspec import JobSpec
 from shared.kafka import ensure_topics

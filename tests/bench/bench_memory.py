@@ -18,7 +18,7 @@ from typing import Any
 
 import redis
 
-from infra import procs
+from infra.local import procs
 from shared import constants
 from shared.kafka import ensure_topics
 from tests.bench import workload

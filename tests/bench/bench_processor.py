@@ -26,10 +26,10 @@ import orjson
 from confluent_kafka import Consumer, Producer
 from pyspark.sql import SparkSession
 
-from infra.class_archive import processor_jvm_settings
-from infra.fetch import spark_kafka_jars
+from infra.artifacts.class_archive import processor_jvm_settings
+from infra.artifacts.fetch import spark_kafka_jars
+from infra.local.stack import StackConfig, broker
 from infra.paths import RUN_DIR
-from infra.stack import StackConfig, broker
 from services.processor.jobs.query import start_query
 from services.processor.settings import ProcessorSettings
 from services.processor.spark.session import build_spark

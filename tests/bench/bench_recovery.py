@@ -12,7 +12,7 @@ on throughout. Three variants:
 - ``restart_quick_jit``: as ``restart``, with the stack's processor started (before the job, and
   again after the kill) with ``SF_PROCESSOR_JIT=quick``: its JVM compiles with C1 alone
   (services/processor/README.md, JIT); the processor is started again as it was afterwards;
-- ``standby``: a second processor runs beside it (infra.stack.start_standby_processor, started after
+- ``standby``: a second processor runs beside it (infra.local.stack.start_standby_processor, started after
   the job was placed; it ran a throwaway job of its own for 30 s before registering, see
   services/processor/warmup.py); control learns of the dead processor from its closed connection and
   starts the job on the standby, from the same checkpoint. The restarted processor is the next one.
@@ -52,8 +52,8 @@ from typing import Any
 
 import redis
 
-from infra import procs
-from infra.stack import (
+from infra.local import procs
+from infra.local.stack import (
     STANDBY_PROCESSOR,
     StackConfig,
     standby_metrics_url,

@@ -19,8 +19,8 @@ import uuid
 
 import redis
 
+from infra.local.stack import StackConfig, broker, redis_server
 from infra.paths import RUN_DIR
-from infra.stack import StackConfig, broker, redis_server
 from services.control.results import read_results
 from services.sink.app import Sink
 from services.sink.cache import CacheEntry, RecordCache, entry_size

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import redis
 
+from infra.local.stack import broker, redis_server
 from infra.paths import ROOT
-from infra.stack import broker, redis_server
 from services.sink.settings import SinkSettings
 from shared.kafka import ensure_topics
 from tests.bench.bench_sink import CFG, PARTITIONS, drain, newest_per_window, processor_like_stream, stored

@@ -9,7 +9,7 @@ processor runs for the job (services.processor.query.start_query: Kafka source, 
 window, aggregates, Kafka sink to the output topic) drains that backlog, once counting only and
 once with all nine aggregates, each from its own checkpoint. Before them the session runs the warm-up
 the stack's processor runs before it registers (services.processor.warmup.warm_up, for
-infra.stack.PROCESSOR_WARMUP_S), so Spark alone meets the backlog in the state the end-to-end burst's
+infra.local.stack.PROCESSOR_WARMUP_S), so Spark alone meets the backlog in the state the end-to-end burst's
 processor meets it: cold, the first of the two jobs paid the JVM's compilation (count only 49-65k
 events/s against all nine 70-128k in the runs up to 7c0582a, the cheaper job the slower one).
 
@@ -29,9 +29,9 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from infra.class_archive import processor_jvm_settings
-from infra.fetch import spark_kafka_jars
-from infra.stack import PROCESSOR_WARMUP_S
+from infra.artifacts.class_archive import processor_jvm_settings
+from infra.artifacts.fetch import spark_kafka_jars
+from infra.local.stack import PROCESSOR_WARMUP_S
 from services.ingest.app import Ingest
 from services.ingest.settings import IngestSettings
 from services.ingest.streams import StreamDefinition

@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from infra.class_archive import ensure_class_archive
+from infra.artifacts.class_archive import ensure_class_archive
 from infra.paths import ROOT
 
 ROUNDS = 3
@@ -26,8 +26,8 @@ ONE_START = """
 import sys, tempfile, time
 from pathlib import Path
 began = time.monotonic()
-from infra.fetch import spark_kafka_jars
-from infra.local_fs import existing_local_fs_jar
+from infra.artifacts.fetch import spark_kafka_jars
+from infra.artifacts.local_fs import existing_local_fs_jar
 from services.processor import class_archive
 from services.processor.spark.session import build_spark
 from services.processor.settings import ProcessorSettings

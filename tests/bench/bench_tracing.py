@@ -26,8 +26,8 @@ from typing import Any
 import orjson
 from confluent_kafka import Producer
 
+from infra.local.zipkin import ZipkinServer
 from infra.paths import ROOT, RUN_DIR
-from infra.zipkin import ZipkinServer
 from services.ingest.tracing import ReceiveSpans, RecordGate
 from shared.jobspec import load_job_spec
 from shared.settings import BaseServiceSettings

@@ -30,8 +30,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.avro.functions import from_avro, to_avro
 
-from infra.class_archive import processor_jvm_settings
-from infra.fetch import spark_avro_jars, spark_kafka_jars
+from infra.artifacts.class_archive import processor_jvm_settings
+from infra.artifacts.fetch import spark_avro_jars, spark_kafka_jars
 from services.processor.settings import ProcessorSettings
 from services.processor.spark.session import build_spark
 from tests.bench.probe import cpu_seconds

@@ -25,7 +25,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from infra.stack import StackConfig
+from infra.local.stack import StackConfig
 from tests.bench.stack import pids
 
 _TICKS = os.sysconf("SC_CLK_TCK")

@@ -22,9 +22,8 @@ from typing import Any
 import httpx
 from confluent_kafka import Producer
 
-from infra import procs
-from infra.paths import RUN_DIR
-from infra.stack import (
+from infra.local import procs
+from infra.local.stack import (
     SERVICES,
     StackConfig,
     broker,
@@ -33,7 +32,8 @@ from infra.stack import (
     token_file,
     wait_service_ready,
 )
-from infra.stack import zipkin_server as _zipkin_server
+from infra.local.stack import zipkin_server as _zipkin_server
+from infra.paths import RUN_DIR
 
 OFFSET = int(os.environ.get("SF_TEST_PORT_OFFSET", "0"))
 _SHIFT = OFFSET + 70

@@ -12,7 +12,7 @@ check reads Redis by the key layout of shared.constants only (not through contro
 - once that sum equals the number of events sent, every window is read and compared with the
   oracle: count, sum, min and max exactly, avg and the standard deviations to 1e-9 relative, each
   percentile within the rank bound Spark's ``percentile_approx`` promises (n / accuracy, at least 0:
-  ``infra.datagen.rank_error``).
+  ``infra.demo.datagen.rank_error``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 import orjson
 import redis
 
-from infra.datagen import rank_error
+from infra.demo.datagen import rank_error
 from shared import constants
 from shared.jobspec import Aggregation, percentile_suffix
 

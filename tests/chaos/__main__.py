@@ -14,7 +14,7 @@ import os
 import shutil
 import sys
 
-from infra import procs
+from infra.local import procs
 from infra.paths import RUN_DIR
 from tests.bench.stack import config_at, services_up
 from tests.chaos.harness import Plan, run

@@ -31,8 +31,8 @@ import orjson
 import redis
 from confluent_kafka import Producer
 
-from infra import procs
-from infra.stack import StackConfig, broker, redis_server, start_service, wait_service_ready
+from infra.local import procs
+from infra.local.stack import StackConfig, broker, redis_server, start_service, wait_service_ready
 from shared.kafka import ensure_topics
 from tests.bench.stack import Control
 from tests.bench.workload import RedisWindows

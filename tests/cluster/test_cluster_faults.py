@@ -1,4 +1,4 @@
-"""Faults in the cluster topology (infra/cluster.py), under load, judged by the chaos oracle.
+"""Faults in the cluster topology (infra/cluster/topology.py), under load, judged by the chaos oracle.
 
 One topology for the module: three Kafka nodes (RF 3, min ISR 2), a Spark master with two workers,
 Redis, control, two ingest, two sink and two processor replicas. The chaos harness
@@ -38,9 +38,10 @@ import redis
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
-from infra import cluster, procs
-from infra.cluster import ClusterConfig
-from infra.stack import StackConfig
+from infra.cluster import topology as cluster
+from infra.cluster.topology import ClusterConfig
+from infra.local import procs
+from infra.local.stack import StackConfig
 from shared.proto import streamforge_pb2 as pb
 from shared.proto import streamforge_pb2_grpc as pb_grpc
 from shared.tls import TlsIdentity

@@ -1,6 +1,6 @@
 """The pipeline through the container images (make images), against the broker and Redis of the test
 session (host network, SF_TEST_PORT_OFFSET ports): first each service with `podman run`, then the
-manifests of infra/k8s with `podman kube play`. A job is submitted to control, events are posted to
+manifests of infra/images/k8s with `podman kube play`. A job is submitted to control, events are posted to
 ingest's HTTP API, and Redis must hold exactly the windows a plain-Python oracle computes.
 
 `make test-containers` runs these (they build the images first, or find them cached).
@@ -18,8 +18,9 @@ import pytest
 import redis
 
 from client.sdk import Client
-from infra import images, kube
-from infra.container_stack import (
+from infra.demo.datagen import oracle_window_counts
+from infra.images import build, kube
+from infra.images.container_stack import (
     Credentials,
     KubePlay,
     healthy,
@@ -30,8 +31,8 @@ from infra.container_stack import (
     run_service,
     tls_dirs,
 )
-from infra.datagen import oracle_window_counts
-from infra.stack import StackConfig
+from infra.images.podman import podman
+from infra.local.stack import StackConfig
 from services.processor.spark.session import FORKLESS_LOCAL_FS
 from shared import constants
 from shared.kafka import ensure_topics
@@ -46,7 +47,7 @@ START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z, a window boundary
 @pytest.fixture(scope="module")
 def image_refs() -> dict[str, str]:
     """service -> the image built from this checkout (its inputs tag)."""
-    built = images.build_all()
+    built = build.build_all()
     return {b.ref.rsplit("/", 1)[1].split(":")[0]: b.pinned for b in built if b.ref.count("/") == 2}
 
 
@@ -83,7 +84,7 @@ def _http_ok(url: str) -> bool:
 
 
 def _ready_urls(cfg: StackConfig) -> dict[str, str]:
-    """What the readiness probes ask (infra/k8s), on the local ports."""
+    """What the readiness probes ask (infra/images/k8s), on the local ports."""
     _ingest_metrics, processor_metrics, sink_metrics = cfg.metrics_ports
     return {
         "control": f"{cfg.control_url}/readyz",
@@ -181,8 +182,8 @@ def test_events_go_through_the_service_containers(
 
 
 def _assert_forkless_file_system(processor_log: str) -> None:
-    """The image carries the processor's local file system jar (infra/images.py) and the processor's
-    JVM uses it for its checkpoints: no chmod process per file (infra/local_fs.py)."""
+    """The image carries the processor's local file system jar (infra/images/build.py) and the processor's
+    JVM uses it for its checkpoints: no chmod process per file (infra/artifacts/local_fs.py)."""
     assert f"file: paths through {FORKLESS_LOCAL_FS}" in processor_log, processor_log[-3000:]
 
 
@@ -223,7 +224,7 @@ def test_kube_play_of_the_manifests_runs_the_pipeline(
     _assert_forkless_file_system(logs(containers["processor"], lines=100_000))
     # The processor keeps its checkpoints on the PersistentVolumeClaim (a podman volume here).
     (volume,) = played.volumes
-    data = Path(images.podman(["volume", "inspect", "--format", "{{.Mountpoint}}", volume]).strip())
+    data = Path(podman(["volume", "inspect", "--format", "{{.Mountpoint}}", volume]).strip())
     assert any(unique in p.name for p in (data / "checkpoints").iterdir()), sorted(
         (data / "checkpoints").iterdir()
     )

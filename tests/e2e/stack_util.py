@@ -7,8 +7,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from infra import procs
-from infra.stack import StackConfig, start_service, wait_service_ready
+from infra.local import procs
+from infra.local.stack import StackConfig, start_service, wait_service_ready
 from shared.kafka import ensure_topics
 
 # A 5 s tumbling page-views count; `{name}` is both the job id and its raw topic.
@@ -38,7 +38,7 @@ def page_views_services(
     spec_path = tmp_path / "job.yaml"
     spec_path.write_text(PAGE_VIEWS_SPEC.format(name=name))
     cfg = dataclasses.replace(stack_cfg, job_specs=(spec_path,))
-    ensure_topics(cfg.bootstrap, [name], partitions=1)  # one raw order: see infra/demo.py
+    ensure_topics(cfg.bootstrap, [name], partitions=1)  # one raw order: see infra/demo/__main__.py
     try:
         for service in services:
             start_service(cfg, service, extra_env)

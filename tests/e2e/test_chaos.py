@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from infra import procs
+from infra.local import procs
 from tests.bench.stack import config_at, services_up
 from tests.chaos.__main__ import RUN, SHIFT, SHORT, fresh_run_dir, print_report
 from tests.chaos.harness import run

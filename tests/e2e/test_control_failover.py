@@ -2,7 +2,7 @@
 
 One stack for the module (Kafka, Redis; control, ingest, processor and sink processes). Jobs are
 submitted to control over HTTP; the processor runs only what control starts (no spec files). Every
-result is checked against infra.datagen's plain-Python oracle.
+result is checked against infra.demo.datagen's plain-Python oracle.
 
 - control is SIGKILLed mid-job and started again 15 s later: the job and its record are intact, the
   services heartbeat to the new control before its grace runs out (none is marked lost), the data
@@ -30,9 +30,9 @@ import httpx
 import pytest
 import redis
 
-from infra import procs
-from infra.datagen import click_events, oracle_window_counts
-from infra.stack import StackConfig, start_service, wait_service_ready
+from infra.demo.datagen import click_events, oracle_window_counts
+from infra.local import procs
+from infra.local.stack import StackConfig, start_service, wait_service_ready
 from shared import constants
 from shared.jobspec import load_job_spec
 from shared.kafka import ensure_topics

@@ -23,9 +23,9 @@ import redis
 import uvicorn
 from fastapi import FastAPI
 
-from infra.apt import CHROMIUM
-from infra.datagen import click_events, oracle_window_counts
-from infra.stack import StackConfig
+from infra.artifacts.apt import CHROMIUM
+from infra.demo.datagen import click_events, oracle_window_counts
+from infra.local.stack import StackConfig
 from services.control import dashboard
 from services.control.settings import ControlSettings
 from shared.jobspec import load_job_spec

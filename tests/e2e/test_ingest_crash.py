@@ -23,10 +23,10 @@ import orjson
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from infra import procs
+from infra.local import procs
+from infra.local.stack import StackConfig, ingest_token, service_env
 from infra.paths import ROOT
 from infra.pki import ensure_pki
-from infra.stack import StackConfig, ingest_token, service_env
 from shared import constants
 from shared.kafka import ensure_topics
 from shared.packs import events_of

@@ -14,9 +14,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from infra import procs
-from infra.datagen import click_events, oracle_window_counts
-from infra.stack import SERVICES, StackConfig
+from infra.demo.datagen import click_events, oracle_window_counts
+from infra.local import procs
+from infra.local.stack import SERVICES, StackConfig
 from shared.jobspec import load_job_spec
 from tests.e2e.stack_util import page_views_services
 from tests.kafka_util import produce_all, read_all

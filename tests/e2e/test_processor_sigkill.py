@@ -21,9 +21,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from infra import procs
-from infra.datagen import oracle_sliding_values, oracle_window_counts
-from infra.stack import StackConfig, start_service, wait_service_ready
+from infra.demo.datagen import oracle_sliding_values, oracle_window_counts
+from infra.local import procs
+from infra.local.stack import StackConfig, start_service, wait_service_ready
 from shared.jobspec import load_job_spec
 from shared.kafka import ensure_topics
 from shared.records import WindowResult

@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterator
 import pytest
 import redis
 
-from infra import procs
-from infra.stack import StackConfig, redis_server, start_service, wait_service_ready
+from infra.local import procs
+from infra.local.stack import StackConfig, redis_server, start_service, wait_service_ready
 from shared.kafka import ensure_topics
 from shared.records import WindowResult
 from tests.integration.test_sink import oracle, produce_updates, redis_state, window_updates

@@ -1,8 +1,8 @@
 """One sampled event through the REAL ingest, processor and sink, as ONE trace in the real Zipkin.
 
-The three services run as separate processes (infra.stack, as `make demo` starts them) on the real
+The three services run as separate processes (infra.local.stack, as `make demo` starts them) on the real
 broker, Redis and Spark, exporting spans to the session's Zipkin (SF_TRACING_EXPORTER/ENDPOINT come
-from infra.stack.service_env). Their sampling ratio is 0, so no record starts a trace by chance: only
+from infra.local.stack.service_env). Their sampling ratio is 0, so no record starts a trace by chance: only
 the one event the test sends with a sampled W3C ``traceparent`` header is traced, which makes the test
 deterministic. Once its window is in Redis (equal to a plain-Python oracle), Zipkin's own HTTP API must
 return that trace with spans of all three services, chained as shared/TELEMETRY.md draws it:
@@ -28,10 +28,10 @@ import pytest
 import redis
 from confluent_kafka import Producer
 
-from infra import procs
-from infra.datagen import oracle_window_counts
-from infra.stack import StackConfig
-from infra.zipkin import ZipkinServer
+from infra.demo.datagen import oracle_window_counts
+from infra.local import procs
+from infra.local.stack import StackConfig
+from infra.local.zipkin import ZipkinServer
 from services.control.results import read_results
 from shared.jobspec import load_job_spec
 from shared.tracing import TRACEPARENT

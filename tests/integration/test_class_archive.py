@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.class_archive import archive_path, ensure_class_archive
+from infra.artifacts.class_archive import archive_path, ensure_class_archive
 from tests.spark_util import run_own_driver
 
 pytestmark = pytest.mark.integration
@@ -19,8 +19,8 @@ pytestmark = pytest.mark.integration
 # set-up made: the archive was made with it on the class path), and runs one Spark job.
 SESSION = """
 import sys
-from infra.fetch import spark_kafka_jars
-from infra.local_fs import existing_local_fs_jar
+from infra.artifacts.fetch import spark_kafka_jars
+from infra.artifacts.local_fs import existing_local_fs_jar
 from services.processor.spark.session import build_spark
 from services.processor.settings import ProcessorSettings
 archive, class_log = sys.argv[1], sys.argv[2]

@@ -1,4 +1,4 @@
-"""The JVMs infra starts keep their temporary files in a directory of their own (infra/jvm.py).
+"""The JVMs infra starts keep their temporary files in a directory of their own (infra/local/jvm.py).
 
 lz4-java extracts its native library into java.io.tmpdir and removes it in a shutdown hook; a SIGKILLed
 broker or Zipkin left its copy in /tmp for good. Under their own directory the next start removes it.
@@ -10,8 +10,8 @@ from pathlib import Path
 
 from confluent_kafka import Producer
 
-from infra.stack import StackConfig, broker, zipkin_server
-from infra.zipkin import ZipkinServer
+from infra.local.stack import StackConfig, broker, zipkin_server
+from infra.local.zipkin import ZipkinServer
 from tests.kafka_util import read_all
 
 

@@ -10,7 +10,7 @@ import orjson
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from infra.stack import StackConfig
+from infra.local.stack import StackConfig
 from services.ingest.app import Ingest
 from services.ingest.grpc_server import grpc_services
 from shared.grpc_server import HealthServedGrpcServer

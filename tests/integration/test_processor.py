@@ -11,9 +11,9 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from infra.class_archive import processor_jvm_settings
-from infra.datagen import oracle_window_counts
-from infra.fetch import spark_kafka_jars
+from infra.artifacts.class_archive import processor_jvm_settings
+from infra.artifacts.fetch import spark_kafka_jars
+from infra.demo.datagen import oracle_window_counts
 from services.processor.jobs.query import start_query
 from services.processor.metrics import BatchMetrics, JobMetricsListener
 from services.processor.settings import ProcessorSettings

@@ -1,5 +1,5 @@
 """Every shipped example spec (services/processor/examples) runs on real Spark and Kafka and its
-output equals its plain-Python oracle (infra.datagen).
+output equals its plain-Python oracle (infra.demo.datagen).
 
 Each example reads its own topics (the spec's names plus a unique suffix) and writes to its own output
 topic. Its events go to the `.valid` topic(s) as ingest forwards them, then its query runs: one batch
@@ -20,7 +20,7 @@ import orjson
 import pytest
 from pyspark.sql import SparkSession
 
-from infra import datagen
+from infra.demo import datagen
 from infra.paths import ROOT
 from services.processor.jobs.query import start_query
 from shared import constants

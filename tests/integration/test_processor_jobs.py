@@ -24,8 +24,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from pyspark.sql import SparkSession
 
-from infra.datagen import oracle_window_counts
-from infra.spark_standalone import SparkMaster, spark_conf
+from infra.cluster.spark_standalone import SparkMaster, spark_conf
+from infra.demo.datagen import oracle_window_counts
 from services.processor.grpc_server import grpc_services
 from services.processor.jobs import savepoints
 from services.processor.jobs.leases import LEASE_NAME, CheckpointBusyError, CheckpointLease
@@ -695,7 +695,7 @@ def test_a_warm_up_initialises_sparks_icu_case_mapping(tmp_path: Path) -> None:
 ON_A_CLUSTER_WITHOUT_EXECUTORS = """
 import json, sys
 from pathlib import Path
-from infra.class_archive import processor_jvm_settings
+from infra.artifacts.class_archive import processor_jvm_settings
 from services.processor.spark.session import build_spark
 from services.processor.settings import ProcessorSettings
 from services.processor.warmup.startup import warm_case_mapping
@@ -717,9 +717,9 @@ def test_a_processor_on_a_spark_cluster_maps_its_class_archive_and_waits_for_no_
     tmp_path: Path,
 ) -> None:
     """A processor whose master is a Spark cluster (no worker here: no executor ever comes):
-    - its driver JVM maps the class archive set-up made (infra/class_archive.py): the archive was made
-      with the local file system's jar on the class path, which a cluster's driver keeps there too
-      (without it: "The top archive failed to load", and a slower start);
+    - its driver JVM maps the class archive set-up made (infra/artifacts/class_archive.py): the
+      archive was made with the local file system's jar on the class path, which a cluster's driver
+      keeps there too (without it: "The top archive failed to load", and a slower start);
     - the warm-up's case mapping, which waits for an executor, is cancelled at its timeout, not left
       waiting (a restarted processor's warm-up outlasted its bound by 30-50 s there, and it
       registered late)."""

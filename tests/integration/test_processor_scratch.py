@@ -21,7 +21,7 @@ pytestmark = pytest.mark.integration
 PROCESSOR = """
 import os, signal, sys
 from pathlib import Path
-from infra.fetch import spark_kafka_jars
+from infra.artifacts.fetch import spark_kafka_jars
 from services.processor.service import Processor
 from services.processor.settings import ProcessorSettings
 settings = ProcessorSettings(

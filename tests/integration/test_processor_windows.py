@@ -2,7 +2,7 @@
 
 Five queries (tumbling, sliding x on_update, on_window_close; session x on_window_close) run side by
 side in the shared SparkSession and are fed the same kind of data in rounds. After each round the test
-waits for the queries to catch up; the plain-Python oracle (infra.datagen.oracle_windows) is told the
+waits for the queries to catch up; the plain-Python oracle (infra.demo.datagen.oracle_windows) is told the
 same rounds. Every aggregate must equal the oracle's, computed from the events it accepted:
 count, min and max exactly, sums, means and deviations to 1e-9 relative, percentiles within the
 documented rank error of percentile_approx (ceil(n / accuracy)).
@@ -24,7 +24,7 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from infra.datagen import WindowOracle, oracle_windows, rank_error
+from infra.demo.datagen import WindowOracle, oracle_windows, rank_error
 from services.processor import query as query_module
 from services.processor.jobs.plan import build_plan
 from services.processor.jobs.query import SHUFFLE_PARTITIONS, start_query, state_partitions

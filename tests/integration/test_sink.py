@@ -20,7 +20,7 @@ from fastapi.testclient import TestClient
 from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from infra.stack import StackConfig, redis_server
+from infra.local.stack import StackConfig, redis_server
 from services.control.api import create_app
 from services.control.results import read_results
 from services.control.settings import ControlSettings

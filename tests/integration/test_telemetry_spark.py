@@ -22,7 +22,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQueryListener
 
-from infra.fetch import spark_kafka_jars
+from infra.artifacts.fetch import spark_kafka_jars
 from services.processor.jobs.columns import TRACE
 from services.processor.jobs.plan import sampled_trace
 from services.processor.tracing import (

@@ -33,8 +33,8 @@ import pytest
 import redis
 from confluent_kafka import Consumer, Producer
 
+from infra.local.zipkin import ZipkinServer
 from infra.paths import ROOT
-from infra.zipkin import ZipkinServer
 from services.control.results import read_results
 from services.ingest.tracing import ReceiveSpans, RecordGate
 from services.sink.tracing import redis_write_span

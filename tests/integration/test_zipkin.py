@@ -7,9 +7,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from infra.artifacts.fetch import fetch_zipkin, zipkin_jar
 from infra.errors import InfraError
-from infra.fetch import fetch_zipkin, zipkin_jar
-from infra.zipkin import ZipkinServer
+from infra.local.zipkin import ZipkinServer
 
 pytestmark = pytest.mark.integration
 

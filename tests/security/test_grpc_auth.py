@@ -15,9 +15,9 @@ import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from infra import procs
+from infra.local import procs
+from infra.local.stack import StackConfig, start_service, wait_service_ready
 from infra.pki import ensure_pki
-from infra.stack import StackConfig, start_service, wait_service_ready
 from shared.proto import streamforge_pb2 as pb
 from shared.proto import streamforge_pb2_grpc as pb_grpc
 from shared.tls import TlsIdentity

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import redis
 
-from infra.stack import StackConfig, redis_server
+from infra.local.stack import StackConfig, redis_server
 
 pytestmark = pytest.mark.integration
 

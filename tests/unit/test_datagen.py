@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from infra.datagen import click_events, oracle_window_counts
+from infra.demo.datagen import click_events, oracle_window_counts
 
 
 def test_disorder_is_bounded_and_present() -> None:

@@ -10,14 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from infra import fetch, procs
 from infra.__main__ import main as cli_main
+from infra.artifacts import fetch
+from infra.cluster.spark_standalone import SparkMaster, SparkWorker
 from infra.errors import InfraError
-from infra.kafka_broker import KafkaBroker, new_cluster_id
-from infra.redis_server import RedisServer
-from infra.spark_standalone import SparkMaster, SparkWorker
-from infra.stack import STANDBY_PROCESSOR, StackConfig, service_env, standby_env
-from infra.zipkin import ZipkinServer
+from infra.local import procs
+from infra.local.kafka_broker import KafkaBroker, new_cluster_id
+from infra.local.redis_server import RedisServer
+from infra.local.stack import STANDBY_PROCESSOR, StackConfig, service_env, standby_env
+from infra.local.zipkin import ZipkinServer
 from services.processor.settings import ProcessorSettings
 
 # ---------------------------------------------------------------------------------------------- fetch

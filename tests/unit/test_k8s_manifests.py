@@ -1,6 +1,7 @@
-"""The Kubernetes manifests (infra/k8s) against the Kubernetes schemas (kubernetes-validate, strict) and
-against the code: probes on endpoints the services serve, ports the settings name, Secrets that exist.
-Also the run-time requirements the images install (infra/images.py). No network, no podman."""
+"""The Kubernetes manifests (infra/images/k8s) against the Kubernetes schemas (kubernetes-validate,
+strict) and against the code: probes on endpoints the services serve, ports the settings name,
+Secrets that exist. Also the run-time requirements the images install (infra/images/requirements.py).
+No network, no podman."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra import images, kube
+from infra.images import kube, requirements
 from infra.paths import ROOT
 from infra.pki import ensure_pki
 from services.control.api.routes import health
@@ -169,8 +170,8 @@ def test_local_manifests_run_on_the_given_ports_with_real_secrets(tmp_path: Path
 
 def test_images_install_the_services_dependencies_pinned_by_the_lock() -> None:
     lock = (ROOT / "requirements.lock").read_text()
-    pins = images.parse_lock(lock)
-    base, spark = images.runtime_requirements(lock)
+    pins = requirements.parse_lock(lock)
+    base, spark = requirements.runtime_requirements(lock)
     names = {p.split("==")[0] for p in base}
     assert {"confluent-kafka", "fastapi", "grpcio", "redis", "pydantic-core", "protobuf"} <= names
     assert not names & {"pytest", "faust-streaming", "aiokafka", "typer", "rich", "grpcio-tools", "mypy"}

@@ -1,5 +1,5 @@
 """The processor's local file system for Hadoop: compiled by infra at set-up, put on the driver's class
-path by the processor (infra/local_fs.py, services/processor/app.py local_fs_options)."""
+path by the processor (infra/artifacts/local_fs.py, services/processor/spark/session.py local_fs_options)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from infra import local_fs
+from infra.artifacts import local_fs
 from services.processor.settings import ProcessorSettings
 from services.processor.spark.session import DRIVER_CLASS_PATH, FORKLESS_LOCAL_FS, local_fs_options
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from infra.datagen import OracleAmbiguityError, exact_percentile, oracle_windows, rank_error
+from infra.demo.datagen import OracleAmbiguityError, exact_percentile, oracle_windows, rank_error
 
 
 def ev(k: str, ts: int) -> dict[str, object]:

@@ -1,0 +1,221 @@
+"""A Kafka KRaft cluster on one machine: three combined broker+controller nodes with a static quorum.
+
+Why combined nodes: three JVMs instead of four (one controller + three brokers) on a 2-core box, and
+no single controller whose loss stops every metadata change. Any one node may die: the two others
+still form a quorum (2 of 3 voters) and hold every partition (replication factor 3,
+``min.insync.replicas`` 2), so producers with ``acks=all`` (ingest's transactions) go on writing.
+
+Each node is an ``infra.local.kafka_broker.KafkaBroker`` with its own name (``kafka-1``...), ports and
+data, differing only in its quorum and replication settings. Layout under run_dir:
+
+  kafka-cluster.json        the cluster id every node is formatted with
+  kafka-<n>/                that node's server.properties, data/ (see infra/local/kafka_broker.py)
+  logs/kafka-<n>.out, logs/kafka-<n>/server.log
+  pids/kafka-<n>.pid
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from infra.artifacts.fetch import CACHE_DIR
+from infra.errors import InfraError
+from infra.local import procs
+from infra.local.kafka_broker import LIBRDKAFKA_LOGGER, KafkaBroker, new_cluster_id
+
+REPLICATION_FACTOR = 3
+MIN_INSYNC_REPLICAS = 2
+
+
+class KafkaNode(KafkaBroker):
+    """One voter and broker of a static three-node quorum (``controller.quorum.voters``)."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        node_id: int,
+        ports: Sequence[tuple[int, int]],
+        cluster_id: str,
+        heap: str = "448m",
+        *,
+        cache_dir: Path = CACHE_DIR,
+    ) -> None:
+        if not 1 <= node_id <= len(ports):
+            raise InfraError(f"node id {node_id} is outside 1..{len(ports)}")
+        port, controller_port = ports[node_id - 1]
+        super().__init__(run_dir, port, controller_port, heap, cache_dir=cache_dir, name=f"kafka-{node_id}")
+        self.node_id = node_id
+        self.ports = list(ports)
+        self.cluster_id = cluster_id
+
+    def quorum_properties(self) -> dict[str, object]:
+        voters = ",".join(f"{i}@127.0.0.1:{c}" for i, (_, c) in enumerate(self.ports, start=1))
+        return {
+            "process.roles": "broker,controller",
+            "node.id": self.node_id,
+            "controller.quorum.voters": voters,
+        }
+
+    def replication_properties(self) -> dict[str, object]:
+        """Every topic, internal ones included, on all three nodes; a write needs two of them."""
+        rf, isr = min(REPLICATION_FACTOR, len(self.ports)), min(MIN_INSYNC_REPLICAS, len(self.ports))
+        return {
+            "default.replication.factor": rf,
+            "min.insync.replicas": isr,
+            "offsets.topic.replication.factor": rf,
+            "transaction.state.log.replication.factor": rf,
+            "transaction.state.log.min.isr": isr,
+            "share.coordinator.state.topic.replication.factor": rf,
+            "share.coordinator.state.topic.min.isr": isr,
+            # A node back from a crash takes back the leadership it had once in sync, so leaders do
+            # not all pile up on the nodes that never died (the default, checked every 30 s).
+            "auto.leader.rebalance.enable": "true",
+            "leader.imbalance.check.interval.seconds": 30,
+        }
+
+    def format_flags(self) -> list[str]:
+        return []  # a static quorum: the voters are in the config, nothing to record at format time
+
+    def new_cluster_id(self) -> str:
+        return self.cluster_id
+
+    def ensure_formatted(self, classpath: str) -> str:
+        formatted = super().ensure_formatted(classpath)
+        if formatted != self.cluster_id:
+            raise InfraError(
+                f"{self.name}'s data in {self.data_dir} belongs to Kafka cluster {formatted}, not to "
+                f"{self.cluster_id}; delete {self.run_dir} to start the cluster empty"
+            )
+        return formatted
+
+
+class KafkaCluster:
+    """The nodes of one cluster: started together, each stoppable and restartable on its own."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        ports: Sequence[int],
+        controller_ports: Sequence[int],
+        heap: str = "448m",
+        *,
+        cache_dir: Path = CACHE_DIR,
+    ) -> None:
+        if len(ports) != len(controller_ports) or len(ports) < 3:
+            raise InfraError(
+                f"a Kafka cluster needs three or more nodes, each with a broker and a controller port "
+                f"(got {len(ports)} broker and {len(controller_ports)} controller ports)"
+            )
+        if len(set(ports) | set(controller_ports)) != 2 * len(ports):
+            raise InfraError(f"Kafka ports must all differ: {list(ports)} and {list(controller_ports)}")
+        self.run_dir = run_dir
+        pairs = list(zip(ports, controller_ports, strict=True))
+        cluster_id = self._cluster_id()
+        self._admin_client: Any = None
+        self.nodes = [
+            KafkaNode(run_dir, i, pairs, cluster_id, heap, cache_dir=cache_dir)
+            for i in range(1, len(pairs) + 1)
+        ]
+
+    def _cluster_id(self) -> str:
+        path = self.run_dir / "kafka-cluster.json"
+        try:
+            return str(json.loads(path.read_text())["cluster_id"])
+        except (OSError, ValueError, KeyError, TypeError):
+            cluster_id = new_cluster_id()
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"cluster_id": cluster_id}) + "\n")
+            return cluster_id
+
+    @property
+    def bootstrap_servers(self) -> str:
+        """Every node: clients find the cluster through whichever answers."""
+        return ",".join(n.bootstrap_servers for n in self.nodes)
+
+    def node(self, node_id: int) -> KafkaNode:
+        return self.nodes[node_id - 1]
+
+    def start(self) -> None:
+        for n in self.nodes:
+            n.start()
+
+    def wait_ready(self, timeout_s: float = 120) -> None:
+        """Every node answers metadata and the cluster lists all of them as brokers."""
+        for n in self.nodes:
+            n.wait_ready(timeout_s)
+        procs.wait_for(
+            lambda: len(self.live_brokers()) == len(self.nodes),
+            timeout_s,
+            f"all {len(self.nodes)} Kafka brokers to join the cluster",
+            self.nodes[0].server_log_dir / "server.log",
+        )
+
+    def up(self, timeout_s: float = 120) -> None:
+        self.start()
+        self.wait_ready(timeout_s)
+
+    def stop(self, timeout_s: float = 30) -> list[str]:
+        """SIGTERM every node at once (one by one, the last would wait for a quorum that is gone)."""
+        return procs.stop_many([n.name for n in self.nodes], self.run_dir, timeout_s)
+
+    def _admin(self) -> Any:
+        """One admin client for this object's life: AdminClients made and dropped one per call, while
+        other threads use Kafka clients, crashed the interpreter here (a segfault when the broker they
+        polled had been killed; confluent-kafka-python #1761, #2129)."""
+        if self._admin_client is not None:
+            return self._admin_client
+        from confluent_kafka.admin import AdminClient
+
+        conf: dict[str, Any] = {
+            "bootstrap.servers": self.bootstrap_servers,
+            "socket.timeout.ms": 3000,
+            "reconnect.backoff.max.ms": 500,
+            "logger": LIBRDKAFKA_LOGGER,
+        }
+        self._admin_client = AdminClient(conf)
+        return self._admin_client
+
+    def live_brokers(self, timeout_s: float = 5.0) -> list[int]:
+        """Ids of the brokers the cluster's metadata lists (a fenced or dead node drops out)."""
+        from confluent_kafka import KafkaException
+
+        try:
+            return sorted(self._admin().list_topics(timeout=timeout_s).brokers)
+        except KafkaException:
+            return []
+
+    def under_replicated(self, timeout_s: float = 5.0) -> list[str]:
+        """``topic/partition`` of every partition with fewer in-sync replicas than replicas, internal
+        topics included (unanswered metadata counts as everything being unknown: ``["?"]``)."""
+        from confluent_kafka import KafkaException
+
+        try:
+            metadata = self._admin().list_topics(timeout=timeout_s)
+        except KafkaException:
+            return ["?"]
+        return sorted(
+            f"{t.topic}/{p.id}"
+            for t in metadata.topics.values()
+            for p in t.partitions.values()
+            if len(p.isrs) < len(p.replicas) or p.error is not None
+        )
+
+    def wait_fully_replicated(self, timeout_s: float = 120) -> float:
+        """Block until no partition is under-replicated; returns the seconds it took."""
+        started = time.monotonic()
+        last: list[str] = []
+
+        def done() -> bool:
+            nonlocal last
+            last = self.under_replicated()
+            return not last
+
+        try:
+            procs.wait_for(done, timeout_s, "every Kafka partition to be fully in sync", interval_s=0.5)
+        except InfraError as e:
+            raise InfraError(f"{e}; still under-replicated: {', '.join(last[:10])}") from e
+        return time.monotonic() - started

@@ -1,0 +1,302 @@
+"""The whole platform on one machine: broker, Redis and the four services as separate processes.
+
+`make demo` and the end-to-end tests start the same stack through this module, on different ports
+and run directories, so a test run never disturbs a running demo.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sys
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from infra.artifacts.class_archive import processor_jvm_settings
+from infra.artifacts.fetch import spark_kafka_jars
+from infra.errors import InfraError
+from infra.local import procs
+from infra.local.kafka_broker import DEFAULT_HEAP, KafkaBroker
+from infra.local.redis_server import RedisServer
+from infra.local.zipkin import SPANS_PATH as ZIPKIN_SPANS_PATH
+from infra.local.zipkin import ZipkinServer
+from infra.paths import ROOT, RUN_DIR
+from infra.pki import ensure_pki
+from shared.jobspec import load_job_spec
+
+SERVICES = ("ingest", "processor", "sink", "control")
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    run_dir: Path = RUN_DIR / "demo"
+    kafka_port: int = 9092
+    controller_port: int = 9093
+    redis_port: int = 6379
+    control_port: int = 8081
+    spark_ui_port: int = 4040
+    # Prometheus ports of ingest, processor and sink, in that order.
+    metrics_ports: tuple[int, int, int] = (9101, 9102, 9103)
+    # gRPC ports of control, processor, ingest and sink, in that order (control messages only).
+    grpc_ports: tuple[int, int, int, int] = (6123, 6124, 6125, 6126)
+    ingest_http_port: int = 8082
+    # gRPC, Prometheus and Spark UI ports of a second processor (start_standby_processor), if one runs.
+    standby_processor_ports: tuple[int, int, int] = (6127, 9104, 4041)
+    job_specs: tuple[Path, ...] = field(default=())
+    kafka_heap: str = DEFAULT_HEAP
+    # Zipkin: tracing UI and span collector (its API and UI share the port).
+    zipkin_port: int = 9411
+    # A bearer token with read and write scopes for the control API; empty: no tokens, so control
+    # refuses every write and serves reads openly (its secure default).
+    control_token: str = ""
+    # The bootstrap list when Kafka is a cluster of its own (infra/cluster/); empty: the stack's one
+    # broker on kafka_port.
+    kafka_bootstrap: str = ""
+
+    @property
+    def bootstrap(self) -> str:
+        return self.kafka_bootstrap or f"127.0.0.1:{self.kafka_port}"
+
+    @property
+    def redis_url(self) -> str:
+        """Redis as its default (all-powerful) user: operators, the demo, the tests; services get
+        users of their own."""
+        return redis_server(self).url()
+
+    @property
+    def control_url(self) -> str:
+        return f"http://127.0.0.1:{self.control_port}"
+
+    @property
+    def data_dir(self) -> Path:
+        return self.run_dir / "data"
+
+    @property
+    def pki_dir(self) -> Path:
+        """The stack's CA and service certificates for mutual TLS on gRPC (infra/pki.py)."""
+        return self.run_dir / "pki"
+
+    @property
+    def zipkin_url(self) -> str:
+        return f"http://127.0.0.1:{self.zipkin_port}"
+
+
+def broker(cfg: StackConfig) -> KafkaBroker:
+    return KafkaBroker(
+        cfg.run_dir, port=cfg.kafka_port, controller_port=cfg.controller_port, heap=cfg.kafka_heap
+    )
+
+
+def redis_server(cfg: StackConfig) -> RedisServer:
+    return RedisServer(cfg.run_dir, port=cfg.redis_port)
+
+
+def zipkin_server(cfg: StackConfig) -> ZipkinServer:
+    return ZipkinServer(cfg.run_dir, port=cfg.zipkin_port)
+
+
+def start_infrastructure(cfg: StackConfig, step: Callable[[str], None] = print) -> None:
+    """Redis, the Kafka broker and Zipkin, up and answering (reused when already running)."""
+    r = redis_server(cfg)
+    step("Redis: checking the redis-server package")
+    r.ensure_installed()
+    step(f"Redis: starting on 127.0.0.1:{cfg.redis_port}")
+    r.start()
+    r.wait_ready()
+    k = broker(cfg)
+    step(f"Kafka: starting a KRaft broker on {cfg.bootstrap}")
+    k.start()
+    z = zipkin_server(cfg)
+    step(f"Zipkin: starting on {cfg.zipkin_url} (tracing UI)")
+    z.start()
+    k.wait_ready()
+    z.wait_ready()
+
+
+def token_file(path: Path) -> str:
+    """A random bearer token kept in ``path`` (0600): made on first use, then read back."""
+    if path.exists():
+        return path.read_text().strip()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    token = secrets.token_urlsafe(24)
+    path.write_text(token + "\n")
+    path.chmod(0o600)
+    return token
+
+
+def ingest_token(cfg: StackConfig) -> str:
+    """The bearer token for ingest's HTTP endpoint, one per run dir."""
+    return token_file(cfg.run_dir / "ingest-token")
+
+
+# A processor that starts with no job warms up this long before it registers (services/processor/
+# warmup/): the first burst it meets then runs on code the JIT has compiled. One given spec files
+# starts their jobs at once instead. The time bounds all of the warm-up, the backlog's write included.
+PROCESSOR_WARMUP_S = 30
+# A processor with no job, once registered, warms up this long on the shape of each job control runs
+# (services/processor/warmup/shapes.py), so that a job it takes over finds its code compiled.
+SHAPE_WARMUP_S = 30
+
+
+def service_env(cfg: StackConfig) -> dict[str, str]:
+    """Everything the services are configured with: one environment, read by their Settings."""
+    specs = json.dumps([str(p.resolve()) for p in cfg.job_specs])
+    ingest_port, processor_port, sink_port = cfg.metrics_ports
+    return {
+        "SF_KAFKA_BOOTSTRAP": cfg.bootstrap,
+        "SF_DATA_DIR": str(cfg.data_dir.resolve()),
+        "SF_TLS_DIR": str(cfg.pki_dir.resolve()),
+        "SF_INGEST_JOB_SPECS": specs,
+        "SF_INGEST_HTTP_TOKENS": json.dumps([ingest_token(cfg)]),
+        "SF_INGEST_METRICS_PORT": str(ingest_port),
+        "SF_PROCESSOR_JOB_SPECS": specs,
+        "SF_PROCESSOR_SPARK_JARS": json.dumps([str(p) for p in spark_kafka_jars()]),
+        **{f"SF_PROCESSOR_{k.upper()}": v for k, v in processor_jvm_settings().items()},
+        "SF_PROCESSOR_SPARK_UI_PORT": str(cfg.spark_ui_port),
+        "SF_PROCESSOR_WARMUP_S": str(PROCESSOR_WARMUP_S),
+        "SF_PROCESSOR_SHAPE_WARMUP_S": str(SHAPE_WARMUP_S),
+        "SF_PROCESSOR_METRICS_PORT": str(processor_port),
+        "SF_SINK_METRICS_PORT": str(sink_port),
+        "SF_CONTROL_PORT": str(cfg.control_port),
+        **(
+            {"SF_CONTROL_TOKENS": json.dumps({cfg.control_token: ["read", "write"]})}
+            if cfg.control_token
+            else {}
+        ),
+        "SF_CONTROL_GRPC_PORT": str(cfg.grpc_ports[0]),
+        "SF_CONTROL_GRPC_TARGET": f"127.0.0.1:{cfg.grpc_ports[0]}",
+        "SF_PROCESSOR_GRPC_PORT": str(cfg.grpc_ports[1]),
+        "SF_INGEST_GRPC_PORT": str(cfg.grpc_ports[2]),
+        "SF_SINK_GRPC_PORT": str(cfg.grpc_ports[3]),
+        "SF_INGEST_HTTP_PORT": str(cfg.ingest_http_port),
+        "SF_TRACING_EXPORTER": "zipkin",
+        "SF_TRACING_ENDPOINT": f"{cfg.zipkin_url}{ZIPKIN_SPANS_PATH}",
+        # The dashboard's Prometheus sources until the registry provides them.
+        "SF_DASHBOARD_METRICS_URLS": json.dumps(
+            {
+                "ingest": f"http://127.0.0.1:{ingest_port}/metrics",
+                "processor": f"http://127.0.0.1:{processor_port}/metrics",
+                "sink": f"http://127.0.0.1:{sink_port}/metrics",
+            }
+        ),
+        # Ingest labels its metrics by raw topic: show them under the job that reads that topic.
+        "SF_DASHBOARD_ALIASES": json.dumps({s.source.topic: s.id for s in map(load_job_spec, cfg.job_specs)}),
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def start_service(
+    cfg: StackConfig, name: str, extra_env: dict[str, str] | None = None, *, process: str = ""
+) -> int:
+    """Start service ``name`` as a process; ``process`` names its pid file and log when it is one
+    of several replicas (``ingest-2``), default the service's name."""
+    if name not in SERVICES:
+        raise InfraError(f"unknown service {name!r}; the services are {', '.join(SERVICES)}")
+    # Each service connects to Redis as its own user, or with no credentials when it needs none.
+    users = {"control": "control", "sink": "sink"}
+    redis_url = (
+        redis_server(cfg).url(users[name]) if name in users else f"redis://127.0.0.1:{cfg.redis_port}/0"
+    )
+    env = {**service_env(cfg), "SF_REDIS_URL": redis_url, **(extra_env or {})}
+    ensure_pki(cfg.pki_dir)  # certificates that are missing or about to expire; the rest stay
+    return procs.start_process(
+        process or name, [sys.executable, "-m", f"services.{name}"], cfg.run_dir, env=env, cwd=ROOT
+    )
+
+
+STANDBY_PROCESSOR = "processor-standby"
+# The standby warms up this long before it registers (services/processor/warmup/), the backlog's
+# write included.
+STANDBY_WARMUP_S = 40
+
+
+def standby_env(cfg: StackConfig) -> dict[str, str]:
+    """What the standby processor runs with on top of service_env(): its own data dir and ports,
+    the stack's checkpoints and savepoints, no spec files, a warm-up before it registers."""
+    grpc_port, metrics_port, ui_port = cfg.standby_processor_ports
+    return {
+        "SF_DATA_DIR": str((cfg.data_dir / STANDBY_PROCESSOR).resolve()),
+        "SF_PROCESSOR_CHECKPOINT_DIR": str((cfg.data_dir / "checkpoints").resolve()),
+        "SF_PROCESSOR_SAVEPOINT_DIR": str((cfg.data_dir / "savepoints").resolve()),
+        "SF_PROCESSOR_JOB_SPECS": "[]",
+        "SF_PROCESSOR_WARMUP_S": str(STANDBY_WARMUP_S),
+        "SF_PROCESSOR_GRPC_PORT": str(grpc_port),
+        "SF_PROCESSOR_METRICS_PORT": str(metrics_port),
+        "SF_PROCESSOR_SPARK_UI_PORT": str(ui_port),
+    }
+
+
+def start_standby_processor(cfg: StackConfig, *, wait: bool = True) -> int:
+    """A second processor beside the stack's own, for fast failover: warm (its JVM and SparkSession
+    up, a throwaway job run), it takes over the jobs of a processor that dies as soon as control
+    learns of it, where a restarted processor would first have to start Spark. It keeps its own
+    job list but shares the checkpoints and savepoints (the checkpoint lease keeps two copies of a
+    job from running), and runs only what control places on it; control places new jobs on the less
+    loaded of the two."""
+    pid = start_service(cfg, "processor", standby_env(cfg), process=STANDBY_PROCESSOR)
+    if wait:
+        wait_process_ready(cfg, STANDBY_PROCESSOR, standby_metrics_url(cfg))
+    return pid
+
+
+def standby_metrics_url(cfg: StackConfig) -> str:
+    return f"http://127.0.0.1:{cfg.standby_processor_ports[1]}/metrics"
+
+
+def _port_of(cfg: StackConfig, name: str) -> int:
+    return {
+        "ingest": cfg.metrics_ports[0],
+        "processor": cfg.metrics_ports[1],
+        "sink": cfg.metrics_ports[2],
+        "control": cfg.control_port,
+    }[name]
+
+
+def wait_service_ready(cfg: StackConfig, name: str, timeout_s: float = 120) -> None:
+    """A service is up once its HTTP port answers (control: /readyz says ready)."""
+    url = (
+        f"{cfg.control_url}/readyz"
+        if name == "control"
+        else f"http://127.0.0.1:{_port_of(cfg, name)}/metrics"
+    )
+    wait_process_ready(cfg, name, url, timeout_s)
+
+
+def wait_process_ready(cfg: StackConfig, process: str, url: str, timeout_s: float = 120) -> None:
+    """Block until ``url`` answers 200; InfraError (with the log's tail) if ``process`` exits first."""
+    log = procs.log_file(process, cfg.run_dir)
+
+    def ready() -> bool:
+        if not procs.is_running(process, cfg.run_dir):
+            raise InfraError(f"{process} exited during start-up; see {log}:\n{_tail(log)}")
+        return _http_ok(url)
+
+    procs.wait_for(ready, timeout_s, f"{process} to be ready", log_path=log)
+
+
+def start_services(
+    cfg: StackConfig, names: Sequence[str] = SERVICES, step: Callable[[str], None] = print
+) -> None:
+    for name in names:
+        step(f"starting {name}")
+        start_service(cfg, name)
+    for name in names:
+        wait_service_ready(cfg, name)
+        step(f"{name} ready (pid {procs.pid_of(name, cfg.run_dir)})")
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
