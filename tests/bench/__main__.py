@@ -16,8 +16,10 @@ Each part runs in its own Python process (a part's SparkSession, JVM or faust ev
 it) and writes .run/bench/<part>.json; a part that fails writes its error there and the others still
 run. The report parts share one stack (tests/bench/stack.py): its run dir is cleared before the
 first part and everything in it is stopped after the last. The report (.run/bench/report.json,
-report.md, report.png) is built from the newest result of every part. ``--part NAME`` runs one part in
-the calling process (what a profiler wraps) and stops the stack it started once that part is done.
+report.md, report.png) is built from the newest result of every part. The committed results file,
+tests/bench/RESULTS.md, is rewritten when every report part has just run or ``report`` is asked for,
+not after a subset of parts. ``--part NAME`` runs one part in the calling process (what a profiler
+wraps) and stops the stack it started once that part is done.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE.parents[1] / ".run" / "bench"
+RESULTS = HERE / "RESULTS.md"
 REPORT_PARTS = ("kafka", "ingest", "spark", "pipeline", "freshness", "recovery", "memory", "faust")
 COMPONENT_BENCHES = (
     "processor",
@@ -68,7 +71,7 @@ def run_part(name: str) -> int:
         result, code = {"error": f"{type(e).__name__}: {e}"}, 1
     result["wall_s"] = round(time.monotonic() - started, 1)
     result["load_average_1m"] = {"start": round(load_before, 2), "end": round(os.getloadavg()[0], 2)}
-    result["measured_at"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    result["measured_at"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     result["commit"] = git_commit()
     (OUT / f"{name}.json").write_text(json.dumps(result, indent=2))
     print(f"== bench {name} ({result['wall_s']} s)")
@@ -98,7 +101,12 @@ def main(argv: list[str]) -> int:
     if set(names) & {"report", *REPORT_PARTS}:
         from tests.bench.report import write_report
 
-        print(write_report(OUT, REPORT_PARTS))
+        full = "report" in names or set(REPORT_PARTS) <= set(parts)
+        print(write_report(OUT, REPORT_PARTS, RESULTS if full else None))
+        if full:
+            print(f"== wrote {RESULTS.relative_to(HERE.parents[1])}")
+        else:
+            print(f"== {RESULTS.name} not rewritten after some parts: `python -m tests.bench report` does it")
     if failed:
         print(f"failed: {', '.join(failed)} (see .run/bench/<part>.json and the logs in the run dir)")
     return 1 if failed else 0

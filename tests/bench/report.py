@@ -1,15 +1,17 @@
-"""The end-to-end report: one JSON, one PNG chart, one Markdown table, from the parts' results.
+"""The end-to-end report: one JSON, one PNG chart, Markdown tables, from the parts' results.
 
 Reads .run/bench/<part>.json (the newest result of every part, each stamped with its commit, time
 and load average) and writes report.json (every figure, plus the parts' full results), report.md
-(tables ready to paste into the README, ratios included) and report.png (throughput, freshness,
-the burst's progress per stage, CPU per process, recovery, memory). A part that has not run or that
-failed shows as such; nothing is made up.
+(the tables) and report.png (throughput, freshness, the burst's progress per stage, CPU per
+process, recovery, memory). ``results_md`` renders the committed tests/bench/RESULTS.md: the run's
+date and commit, each target met or missed, and the tables. A part that has not run or that failed
+shows as such; nothing is made up.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import time
@@ -184,7 +186,7 @@ def markdown(parts: dict[str, Part], commit: str) -> str:
     commits = sorted({p.get("commit", "?") for p in parts.values()})
     out += [
         f"`make bench` on {os.cpu_count()} cores, commit {', '.join(commits) or commit}; "
-        f"1-minute load average per part (start-end): {'; '.join(loads)}. "
+        f"1-minute load average per part (start-end): {'; '.join(loads) or 'no part has run'}. "
         "Every throughput figure: events ÷ seconds from the first event produced until the result "
         "equalled a plain-Python oracle.",
         "",
@@ -511,13 +513,159 @@ def _chart_memory(ax: Any, part: Part | None) -> None:
     )
 
 
-def write_report(out_dir: Path, names: tuple[str, ...]) -> str:
-    """Write report.json, report.md and report.png; returns the Markdown."""
+# --- RESULTS.md: the committed results file ---------------------------------------------------------
+TWO_GIB_MB = 2048
+# One figure against its target: label, the figure as read (None: not measured), exact against the
+# oracle, whether it meets the target.
+Check = tuple[str, str | None, Any, bool]
+
+
+def _num(*values: Any) -> bool:
+    return all(isinstance(v, int | float) for v in values)
+
+
+def _within(value: Any, low: float = -math.inf, high: float = math.inf) -> bool:
+    return isinstance(value, int | float) and low <= value <= high
+
+
+def _target(goal: str, part: Part | None, name: str, checks: list[Check]) -> str:
+    """One line: the goal, then met or missed per check, with the figure that decides it."""
+    if part is None:
+        return f"- {goal}: not measured (`{name}` has not run)"
+    if "error" in part:
+        return f"- {goal}: not measured (`{name}` failed)"
+    said = []
+    for label, figure, exact, met in checks:
+        if figure is None:
+            said.append(f"{label}not measured")
+        elif exact is not True:
+            said.append(f"{label}not counted: not exact against the oracle ({figure})")
+        else:
+            said.append(f"{label}{'met' if met else '**missed**'} ({figure})")
+    return f"- {goal}: " + ("; ".join(said) or "not measured")
+
+
+def target_lines(parts: dict[str, Part]) -> list[str]:
+    """Each target of the platform, met or missed in these results (or why it is not known)."""
+    pipeline, fresh = parts.get("pipeline"), parts.get("freshness")
+    recovery, memory = parts.get("recovery"), parts.get("memory")
+    burst: list[Check] = []
+    for key, label, floor in (("count", "count only", 100_000), ("all", "all nine", 60_000)):
+        run = (pipeline or {}).get(key, {})
+        rate = run.get("events_per_s")
+        burst.append(
+            (
+                f"{label} ",
+                f"{_rate(rate)}/s" if _num(rate) else None,
+                run.get("exact"),
+                _within(rate, low=floor),
+            )
+        )
+    modes = (fresh or {}).get("modes", {})
+    realtime: list[Check] = []
+    micro: list[Check] = []
+    for mode, m in modes.items():
+        point = m.get("points", {}).get("10000", {})
+        p50, p99 = point.get("p50_ms"), point.get("p99_ms")
+        figure = f"p50 {_ms(p50)}, p99 {_ms(p99)}" if _num(p50, p99) else None
+        if mode.startswith("real_time"):
+            realtime.append(
+                (
+                    f"{mode.replace('_', '-')} (trigger {m.get('trigger_interval_ms', '?')} ms) ",
+                    figure,
+                    m.get("exact"),
+                    _within(p50, high=50) and _within(p99, high=250),
+                )
+            )
+        elif mode == "micro_batch":
+            micro.append(("", figure, m.get("exact"), _within(p99, high=1500)))
+    restarts: list[Check] = []
+    for name in VARIANT_LABELS:
+        v = _variant(recovery or {}, name)
+        s = v.get("recovery_s")
+        if v:
+            restarts.append((f"{name} ", f"{s} s" if _num(s) else None, v.get("exact"), _within(s, high=10)))
+    total = (memory or {}).get("stack_total_mb")
+    return [
+        _target(
+            "end to end, 1M burst: ≥ 100,000 events/s count only, ≥ 60,000 all nine aggregates",
+            pipeline,
+            "pipeline",
+            burst,
+        ),
+        _target(
+            "real-time freshness at 10,000 events/s: p50 ≤ 50 ms and p99 ≤ 250 ms",
+            fresh,
+            "freshness",
+            realtime,
+        ),
+        _target("micro-batch freshness at 10,000 events/s: p99 ≤ 1.5 s", fresh, "freshness", micro),
+        _target(
+            "recovery after a processor SIGKILL: fresh again within 10 s", recovery, "recovery", restarts
+        ),
+        _target(
+            f"resident memory with 100,000 active windows: ≤ 2 GiB ({TWO_GIB_MB:,} MiB)",
+            memory,
+            "memory",
+            [
+                (
+                    "",
+                    f"{total:,.0f} MiB" if _num(total) else None,
+                    (memory or {}).get("exact"),
+                    _within(total, high=TWO_GIB_MB),
+                )
+            ],
+        ),
+    ]
+
+
+def results_md(parts: dict[str, Part], names: tuple[str, ...], commit: str, tables: str) -> str:
+    """tests/bench/RESULTS.md: the run's date (UTC) and commit, the targets, each part's stamp, the tables."""
+    ran = [p for p in parts.values() if "measured_at" in p]
+    dates = sorted(p["measured_at"] for p in ran)
+    when = f"{dates[0]} to {dates[-1]}" if dates else "no part has run"
+    commits = sorted({p.get("commit", "?") for p in ran}) or [commit]
+    out = [
+        "# Benchmark results",
+        "",
+        "Written by `make bench` (`python -m tests.bench`; `python -m tests.bench report` rewrites it from",
+        "the parts' last results in .run/bench). Do not edit by hand. What each part measures and how:",
+        "[README.md](README.md).",
+        "",
+        f"- run: {when}",
+        f"- commit: {', '.join(commits)}",
+        f"- written: {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC on {os.cpu_count()} cores",
+        "",
+        "## Targets",
+        "",
+        *target_lines(parts),
+        "",
+        "## Parts",
+        "",
+        "| part | result | commit | measured at | 1-minute load average (start-end) |",
+        "|---|---|---|---|---|",
+    ]
+    for name in names:
+        p = parts.get(name)
+        if p is None:
+            out.append(f"| {name} | not run | | | |")
+            continue
+        load = p.get("load_average_1m") or {}
+        result = f"failed: {str(p['error'])[:120]}" if "error" in p else "ran"
+        out.append(
+            f"| {name} | {result} | {p.get('commit', '?')} | {p.get('measured_at', '?')} "
+            f"| {load.get('start', '?')}-{load.get('end', '?')} |"
+        )
+    return "\n".join([*out, "", tables.replace("### ", "## ")])
+
+
+def write_report(out_dir: Path, names: tuple[str, ...], results: Path | None = None) -> str:
+    """Write report.json, report.md and report.png (and ``results``, when given); returns the Markdown."""
     parts = _load(out_dir, names)
     commit = git_commit()
     md = markdown(parts, commit)
     report = {
-        "generated_at": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "generated_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "commit": commit,
         "cores": os.cpu_count(),
         "figures": figures(parts),
@@ -525,5 +673,7 @@ def write_report(out_dir: Path, names: tuple[str, ...]) -> str:
     }
     (out_dir / "report.json").write_text(json.dumps(report, indent=2))
     (out_dir / "report.md").write_text(md)
+    if results is not None:
+        results.write_text(results_md(parts, names, commit, md))
     chart(parts, out_dir / "report.png")
     return md
