@@ -74,7 +74,7 @@ class _Delivery:
 
 
 class StreamCatalog(Protocol):
-    """What the HTTP endpoint needs of the ingest loop it runs beside (services.ingest.app.Ingest)."""
+    """What the HTTP endpoint needs of the ingest loop it runs beside (services.ingest.consumer.Ingest)."""
 
     tracer: trace.Tracer
 

@@ -92,9 +92,9 @@ def faust_worker(topic: str, job: str, expected: int) -> None:
     """The faust version of the sink loop, with the sink's own cache and store (prototype quality)."""
     import faust
 
-    from services.sink.app import parse_update
     from services.sink.cache import CacheEntry, RecordCache, entry_size
-    from services.sink.store import ResultStore
+    from services.sink.consumer import parse_update
+    from services.sink.writer import ResultWriter
 
     app = faust.App(
         f"bench-faust-{uuid.uuid4().hex[:8]}",
@@ -107,7 +107,7 @@ def faust_worker(topic: str, job: str, expected: int) -> None:
         consumer_auto_offset_reset="earliest",
     )
     source = app.topic(topic, value_type=bytes, value_serializer="raw")
-    store = ResultStore(redis.Redis.from_url(CFG.redis_url))
+    store = ResultWriter(redis.Redis.from_url(CFG.redis_url))
     cache = RecordCache(CACHE_BYTES)
     received, writes = 0, 0
     pending_events: list[faust.types.EventT] = []

@@ -2,7 +2,7 @@
 
 `python -m tests.bench spark`. The end-to-end burst's million events (tests.bench.workload: 1,000
 keys, 10 s tumbling windows over 100 s of event time) are produced to a raw topic and turned into
-``<topic>.valid`` by ingest's own loop (services.ingest.app.Ingest, in this process), so the processor
+``<topic>.valid`` by ingest's own loop (services.ingest.consumer.Ingest, in this process), so the processor
 reads exactly what ingest writes, headers and keys included. Then, in a SparkSession built as the
 processor builds it (services.processor.app.build_spark: local[2], RocksDB state), the query the
 processor runs for the job (services.processor.query.start_query: Kafka source, parse, watermark,
@@ -32,7 +32,7 @@ from pyspark.sql import SparkSession
 from infra.class_archive import processor_jvm_settings
 from infra.fetch import spark_kafka_jars
 from infra.stack import PROCESSOR_WARMUP_S
-from services.ingest.app import Ingest
+from services.ingest.consumer import Ingest
 from services.ingest.settings import IngestSettings
 from services.ingest.streams import StreamDefinition
 from services.processor.app import build_spark

@@ -24,10 +24,10 @@ from infra.stack import StackConfig, redis_server
 from services.control.api import create_app
 from services.control.results import read_results
 from services.control.settings import ControlSettings
-from services.sink.app import Sink
+from services.sink.consumer import Sink
 from services.sink.grpc_server import grpc_services
 from services.sink.settings import SinkSettings
-from services.sink.store import LIBRARY, UPSERT_FUNCTION, ResultStore
+from services.sink.writer import LIBRARY, UPSERT_FUNCTION, ResultWriter
 from shared import constants
 from shared.grpc_server import HealthServedGrpcServer
 from shared.kafka import ensure_topics
@@ -171,7 +171,7 @@ def start(
 def test_store_keeps_the_highest_version_through_duplicates_replays_and_reordering(
     redis_client: redis.Redis, unique: str
 ) -> None:
-    store = ResultStore(redis_client)
+    store = ResultWriter(redis_client)
     updates = window_updates(unique, "ab", (0, 1_000), versions=5, seed=3)
     rng = random.Random(3)
     for _ in range(5):
@@ -189,7 +189,7 @@ def test_store_keeps_the_highest_version_through_duplicates_replays_and_reorderi
 def test_a_write_larger_than_a_pipeline_chunk_reports_each_update_at_its_place(
     redis_client: redis.Redis, unique: str
 ) -> None:
-    store = ResultStore(redis_client, chunk=4)
+    store = ResultWriter(redis_client, chunk=4)
     store.upsert([update(unique, "a", start, 5, 1) for start in range(0, 3_000, 1_000)])
     redis_client.set(constants.redis_window_key(unique, "b", 0), "not a hash")
     # 10 updates in 3 chunks: the held windows' older versions are stale, b@0 is refused, the rest apply.
@@ -205,7 +205,7 @@ def test_a_write_larger_than_a_pipeline_chunk_reports_each_update_at_its_place(
 
 def test_retention_expires_windows_and_trims_the_index(redis_client: redis.Redis, unique: str) -> None:
     ttl = 60_000
-    store = ResultStore(redis_client, window_ttl_ms=ttl)
+    store = ResultWriter(redis_client, window_ttl_ms=ttl)
     for start_ms in (0, 30_000, 61_000, 200_000):
         store.upsert([update(unique, "a", start_ms, 1, 1)])
     # Writing 200_000 drops the windows that start more than the retention before it.
@@ -223,7 +223,7 @@ def test_an_update_rewrites_what_changes_refreshes_expiry_and_a_refused_window_l
     redis_client: redis.Redis, unique: str
 ) -> None:
     ttl = 60_000
-    store = ResultStore(redis_client, window_ttl_ms=ttl)
+    store = ResultWriter(redis_client, window_ttl_ms=ttl)
     hash_key = constants.redis_window_key(unique, "a", 0)
     index = constants.redis_window_index_key(unique, "a")
     job_keys = constants.redis_job_keys_key(unique)
@@ -263,7 +263,7 @@ def test_an_update_rewrites_what_changes_refreshes_expiry_and_a_refused_window_l
 
 
 def test_the_function_is_loaded_again_when_redis_lost_it(redis_client: redis.Redis, unique: str) -> None:
-    store = ResultStore(redis_client)
+    store = ResultWriter(redis_client)
     store.upsert([update(unique, "a", 0, 1, 10)])
     redis_client.function_delete(LIBRARY)
     assert store.upsert([update(unique, "a", 0, 2, 20)]) == 1
@@ -275,7 +275,7 @@ def test_a_sink_of_the_previous_release_still_writes_through_the_reloaded_librar
 ) -> None:
     """A rolling upgrade: the new sink loads the library (batched function); an old sink's per-window
     function must still be in it, and both must keep honouring each other's versions."""
-    store = ResultStore(redis_client)
+    store = ResultWriter(redis_client)
     store.upsert([update(unique, "a", 0, 2, 20)])
     keys = [
         constants.redis_window_key(unique, "a", 0),

@@ -7,7 +7,7 @@ import zlib
 import orjson
 import pytest
 
-from services.ingest import app
+from services.ingest import consumer as app
 from services.ingest.packing import ANY_PARTITION, TOPIC_MARGIN_BYTES, Packer
 from services.ingest.settings import IngestSettings
 from services.ingest.streams import StreamDefinition

@@ -15,7 +15,7 @@ from opentelemetry import trace
 from pydantic import ValidationError
 
 from services.ingest.__main__ import IngestService
-from services.ingest.app import Ingest
+from services.ingest.consumer import Ingest
 from services.ingest.errors import FatalKafkaError
 from services.ingest.settings import IngestSettings
 from shared.watchdog import CALM_S, CallWatchdog, restart_backoff_s

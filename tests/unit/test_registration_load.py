@@ -11,8 +11,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from shared import registry
-from shared.registry import LoadMeter
+from shared import registration as registry
+from shared.registration import LoadMeter
 
 # A child that starts a grandchild which burns CPU, then both wait to be killed.
 BURN = "import time\nend = time.time() + 1.5\nwhile time.time() < end: pass\ntime.sleep(600)"

@@ -167,7 +167,7 @@ def _refused_data(error: Exception) -> bool:
 PIPELINE_CHUNK = 500
 
 
-class ResultStore:
+class ResultWriter:
     def __init__(self, client: redis.Redis, window_ttl_ms: int = 0, chunk: int = PIPELINE_CHUNK) -> None:
         self.client = client
         self.window_ttl_ms = window_ttl_ms

@@ -34,8 +34,8 @@ from services.sink import metrics as m
 from services.sink.cache import CacheEntry, RecordCache, TopicPartitionKey, entry_size
 from services.sink.errors import DeadLetterError, SinkError
 from services.sink.settings import SinkSettings
-from services.sink.store import ResultStore
 from services.sink.tracing import redis_write_span
+from services.sink.writer import ResultWriter
 from shared import constants
 from shared.clock import wall_clock_ms
 from shared.jobspec import JobSpec
@@ -97,7 +97,7 @@ class Sink:
             # Our own loop retries (with backoff and paused consumption); the client must not hide outages.
             retry=Retry(NoBackoff(), 0),
         )
-        self.store = ResultStore(client, settings.window_ttl_ms)
+        self.store = ResultWriter(client, settings.window_ttl_ms)
         self.cache = RecordCache(settings.cache_max_bytes_buffering)
         # Evicted from the cache, not yet accepted by Redis (written before anything else).
         self._evicted: list[CacheEntry] = []
