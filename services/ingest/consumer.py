@@ -1,115 +1,53 @@
-"""The ingest loop: batched consume-validate-produce, one Kafka transaction per batch.
+"""The ingest consumer: its lifecycle, the streams it reads, rebalances and the restore of progress.
 
-Each batch is one transaction holding the forwarded records (``<topic>.valid``), the dead letters
-(``<topic>.dlq``), the late events (``<topic>.late``) and the consumed offsets; each partition's
-offset carries that partition's watermark progress in its commit metadata. So records, offsets and
-watermark state are committed together or not at all: a crash anywhere replays the batch from the
-last committed offsets with the watermark state that belongs to them, and read_committed consumers
-downstream never see a record twice.
-
-Rebalances: consume() is the only call that runs the rebalance callbacks and it is only called
-between transactions, so no transaction ever spans a rebalance. A batch fetched by a consume() call
-during which the assignment changed is dropped: the new assignment restarts fetching at the
-committed offsets. Zombies are fenced twice: by the transactional id (one per replica, derived from
-``instance_id``) and by the consumer group generation sent with the offsets (KIP-447).
+Each batch (services.ingest.pipeline) is one Kafka transaction holding its records and the consumed
+offsets, each offset carrying its partition's watermark progress: a crash replays the batch with the
+watermark state that belongs to it. consume() alone runs the rebalance callbacks and is called only
+between transactions, so no transaction spans a rebalance; a batch fetched while the assignment
+changed is dropped. Zombies are fenced by the transactional id (one per replica) and by the consumer
+group generation sent with the offsets (KIP-447).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
-from collections import Counter as Tally
-from collections.abc import Callable, Collection, Iterable
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Collection, Iterable
 
-from confluent_kafka import (
-    OFFSET_BEGINNING,
-    Consumer,
-    KafkaError,
-    KafkaException,
-    Message,
-    Producer,
-    TopicPartition,
-)
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 from opentelemetry import trace
 
-from services.ingest.deadletters import RECORD_OVERHEAD, fit, headers_size, too_large
-from services.ingest.errors import FatalKafkaError, IngestError, StreamConfigError
-from services.ingest.isolation import RECORD_ERRORS, Isolation
-from services.ingest.metrics import TRANSACTION_RECORDS, TRANSACTION_SECONDS, WATERMARK_MS
-from services.ingest.packing import ANY_PARTITION, Pack, Packer
+from services.ingest.errors import IngestError, StreamConfigError
+from services.ingest.isolation import Isolation
+from services.ingest.metrics import WATERMARK_MS
+from services.ingest.packing import ValidTopicShapes
+from services.ingest.pipeline import SERVICE, BatchStats, Consumed, Pipeline, select_records
 from services.ingest.progress import GroupProgress
 from services.ingest.settings import KAFKA_TIMEOUT_S, IngestSettings
-from services.ingest.streams import StreamDefinition, merge_streams
+from services.ingest.streams import StreamDefinition, StreamsUpdate, family_topics, merge_streams
 from services.ingest.tracing import ReceiveSpans, RecordGate
-from services.ingest.validate import (
-    OVERSIZED_RECORD,
-    PRODUCE_FAILED,
-    RecordPolicy,
-    RecordValidator,
-    Rejection,
-    ValidEvent,
-)
+from services.ingest.transactions import Transactions, rewind, unguarded
+from services.ingest.validate import RecordPolicy, RecordValidator
 from services.ingest.watermark import PartitionProgress, StreamWatermark, WatermarkSnapshot
-from shared import constants
 from shared.clock import Clock, wall_clock_ms
 from shared.jobspec import Source
 from shared.kafka import (
     close_consumer,
     consume_batch,
     consumer_config,
-    dead_letter_headers,
     ensure_topics,
-    first_offsets,
-    topic_shape,
+    partition_names,
 )
-from shared.metrics import DLQ_EVENTS, LATE_EVENTS, PROCESSING_LATENCY, RECORDS_PROCESSED, WATERMARK_LAG_MS
-from shared.packs import PACK_FRAMING_BYTES, pack
+from shared.metrics import PROCESSING_LATENCY, WATERMARK_LAG_MS
 from shared.watchdog import CallWatchdog
 
 log = logging.getLogger(__name__)
-SERVICE = "ingest"
-POLL_EVERY = 1_000  # serve delivery reports every this many produced records, not after each one
-UNWRITABLE = "unwritable"  # dlq_events_total reason of a record dropped: even its dead letter was refused
-# A .valid topic's shape (for packs) is asked at stream set-up within this long; one that could not be
-# is asked again, between batches, this long after.
-SHAPE_TIMEOUT_S = 5.0
-SHAPE_RETRY_S = 30.0
-
-Headers = list[tuple[str, str | bytes | None]]
-Consumed = tuple[Message, str, int, int]  # a record and its topic, partition, offset
-
-
-@dataclass(frozen=True, slots=True)
-class BatchStats:
-    forwarded: int = 0
-    rejected: int = 0
-    late: int = 0
-
-    @property
-    def consumed(self) -> int:
-        return self.forwarded + self.rejected + self.late
-
-
-@dataclass
-class _StreamsUpdate:
-    """A new set of stream definitions, handed from a gRPC thread to the loop that owns the consumer."""
-
-    streams: dict[str, StreamDefinition]
-    done: threading.Event
-    error: Exception | None = None
-
-
-def family_topics(streams: Iterable[StreamDefinition]) -> list[str]:
-    return [
-        t for d in streams for t in (d.topic, d.source.valid_topic, d.source.dlq_topic, d.source.late_topic)
-    ]
 
 
 class Ingest:
+    """One ingest replica: start(), then run() (or run_once() per batch) until stop(), then close()."""
+
     def __init__(
         self,
         settings: IngestSettings,
@@ -120,7 +58,7 @@ class Ingest:
     ) -> None:
         self.settings = settings
         # Guards the transactional calls, some of which can block past their timeout (shared/watchdog.py).
-        self._guard = watchdog.guard if watchdog is not None else _unguarded
+        self._guard = watchdog.guard if watchdog is not None else unguarded
         # The streams of the local configuration stay; the control plane adds its own to them.
         self._configured = merge_streams(streams)
         if not self._configured and not settings.grpc_port:
@@ -138,25 +76,22 @@ class Ingest:
         self.now_ms = now_ms
         # Without a tracer from shared.tracing.setup_tracing the gate is off: no record is traced.
         self.tracer = tracer or trace.get_tracer("streamforge.ingest")
-        self._gate = RecordGate(self.tracer)
         self.watermarks: dict[str, StreamWatermark] = {}
-        self._validators: dict[str, RecordValidator] = {}
         self.progress: GroupProgress | None = None
         self._stop = threading.Event()
         self._consumer: Consumer | None = None
-        self._producer: Producer | None = None
+        self._transactions: Transactions | None = None
+        self._pipeline: Pipeline | None = None
         self._rebalances = 0
         self._next_transaction_at = 0.0  # time.monotonic(): transaction_interval_ms after the last began
         self._assigned: set[tuple[str, int]] = set()
         self._to_restore: set[tuple[str, int]] = set()
         self._progress_version = -1
         self._updates_lock = threading.Lock()
-        self._update: _StreamsUpdate | None = None
+        self._update: StreamsUpdate | None = None
         self.running = threading.Event()
         self._isolation = Isolation()
-        self._delivery_errors: list[KafkaError] = []  # of the current transaction (failures only)
-        self._valid_shapes: dict[str, tuple[int, int]] = {}  # for packs: see _learn_valid_shapes
-        self._shapes_retry_at: float | None = None  # time.monotonic(): when to ask again for unknown ones
+        self._shapes = ValidTopicShapes(settings.kafka_bootstrap)  # what packs are cut to
 
     # --- lifecycle ------------------------------------------------------------------------------
     def start(self, *, track_progress: bool = True) -> None:
@@ -164,37 +99,14 @@ class Ingest:
         if self.streams:
             ensure_topics(s.kafka_bootstrap, family_topics(self.streams.values()), s.topic_partitions)
             self._learn_valid_shapes()
-        self._producer = Producer(
-            {
-                "bootstrap.servers": s.kafka_bootstrap,
-                "transactional.id": f"sf-ingest-{s.instance_id}",
-                "transaction.timeout.ms": s.transaction_timeout_ms,
-                "enable.idempotence": True,
-                "linger.ms": 5,
-                "compression.type": "lz4",
-                "message.max.bytes": s.max_message_bytes,
-                # Delivery reports only for failures: a refused record is looked for (see _abort).
-                "on_delivery": self._delivery_failed,
-                "delivery.report.only.error": True,
-            },
-            logger=logging.getLogger("librdkafka.producer"),
+        self._transactions = Transactions(s, self._guard)
+        self._transactions.init()
+        gate = RecordGate(self.tracer)
+        self._pipeline = Pipeline(
+            s, self.policy, self._transactions, gate, self._isolation, self._shapes.shape
         )
-        try:
-            # Fences any earlier incarnation of this replica and aborts its open transaction.
-            with self._guard("init_transactions"):
-                self._producer.init_transactions(KAFKA_TIMEOUT_S)
-        except KafkaException as e:
-            raise IngestError(f"cannot initialise transactions: {e.args[0]}") from e
-        extra: dict[str, object] = {
-            # Eager rebalancing: every rebalance revokes everything and each assignment starts over
-            # from the committed offsets and watermark state (see _restore_assigned).
-            "partition.assignment.strategy": "roundrobin",
-            "session.timeout.ms": s.session_timeout_ms,
-        }
-        if s.static_membership:
-            extra["group.instance.id"] = f"sf-ingest-{s.instance_id}"
         self._consumer = Consumer(
-            consumer_config(s.kafka_bootstrap, s.group_id, **extra),
+            consumer_config(s.kafka_bootstrap, s.group_id, **self._group_config()),
             logger=logging.getLogger("librdkafka.consumer"),
         )
         self._subscribe()
@@ -207,6 +119,18 @@ class Ingest:
             self.progress.start()
         self.running.set()
         log.info("ingesting %s", ", ".join(sorted(self.streams)) or "nothing yet (waiting for control)")
+
+    def _group_config(self) -> dict[str, object]:
+        s = self.settings
+        extra: dict[str, object] = {
+            # Eager rebalancing: every rebalance revokes everything and each assignment starts over
+            # from the committed offsets and watermark state (see _restore_assigned).
+            "partition.assignment.strategy": "roundrobin",
+            "session.timeout.ms": s.session_timeout_ms,
+        }
+        if s.static_membership:
+            extra["group.instance.id"] = f"sf-ingest-{s.instance_id}"
+        return extra
 
     def stop(self) -> None:
         self._stop.set()
@@ -225,12 +149,10 @@ class Ingest:
             self._release_partitions(self._consumer)
             close_consumer(self._consumer)
             self._consumer = None
-        if self._producer is not None:
-            try:
-                self._producer.flush(10)
-            except KafkaException as e:  # a producer with a fatal error: its open transaction is lost anyway
-                log.warning("producer flush on close: %s", e.args[0])
-            self._producer = None
+        if self._transactions is not None:
+            self._transactions.close()
+            self._transactions = None
+            self._pipeline = None
 
     def _release_partitions(self, consumer: Consumer, timeout_s: float = 10.0) -> None:
         """Unsubscribe and serve the revocation before close(): a rebalance callback run by close()
@@ -263,6 +185,13 @@ class Ingest:
     def is_running(self) -> bool:
         return self.running.is_set()
 
+    def watermark_info(self, topic: str) -> dict[str, object]:
+        """The stream's watermark as this replica sees it (for the HTTP endpoint)."""
+        w = self.watermarks.get(topic)
+        if w is None:
+            return {"topic": topic, "watermark_ms": None, "watermark_lag_ms": None, "partitions": {}}
+        return w.describe(topic, self.now_ms())
+
     # --- stream definitions at run time (gRPC) --------------------------------------------------------
     def apply_streams(self, definitions: Iterable[StreamDefinition], timeout_s: float = 30.0) -> list[str]:
         """Replace the control plane's streams; returns the raw topics ingested from now on.
@@ -270,7 +199,7 @@ class Ingest:
         Called from another thread; the loop applies the change between two batches.
         """
         merged = merge_streams([*self._configured.values(), *definitions])
-        update = _StreamsUpdate(merged, threading.Event())
+        update = StreamsUpdate(merged, threading.Event())
         with self._updates_lock:
             self._update = update
         if not update.done.wait(timeout_s):
@@ -285,28 +214,32 @@ class Ingest:
         if update is None:
             return
         try:
-            new = {t: d for t, d in update.streams.items() if self.streams.get(t) != d}
-            if new:
-                s = self.settings
-                ensure_topics(s.kafka_bootstrap, family_topics(new.values()), s.topic_partitions)
-            resubscribe = set(update.streams) != set(self.streams)
-            self.streams = update.streams
-            if new:
-                self._learn_valid_shapes({d.source.valid_topic for d in new.values()})
-            for topic in list(self.watermarks):
-                if topic not in self.streams:
-                    del self.watermarks[topic]
-            for topic, d in self.streams.items():
-                w = self._watermark(topic)
-                w.max_out_of_orderness_ms = d.watermark.max_out_of_orderness
-                w.allowed_lateness_ms = d.watermark.allowed_lateness
-            if resubscribe:
-                self._subscribe()
-                log.info("now ingesting %s", ", ".join(sorted(self.streams)) or "nothing")
+            self._set_streams(update.streams)
         except Exception as e:  # handed back to the caller of apply_streams
             update.error = e
         finally:
             update.done.set()
+
+    def _set_streams(self, streams: dict[str, StreamDefinition]) -> None:
+        """Ingest ``streams`` from now on: new ones' topics created, each watermark set as defined."""
+        new = {t: d for t, d in streams.items() if self.streams.get(t) != d}
+        if new:
+            s = self.settings
+            ensure_topics(s.kafka_bootstrap, family_topics(new.values()), s.topic_partitions)
+        resubscribe = set(streams) != set(self.streams)
+        self.streams = streams
+        if new:
+            self._learn_valid_shapes({d.source.valid_topic for d in new.values()})
+        for topic in list(self.watermarks):
+            if topic not in self.streams:
+                del self.watermarks[topic]
+        for topic, d in self.streams.items():
+            w = self._watermark(topic)
+            w.max_out_of_orderness_ms = d.watermark.max_out_of_orderness
+            w.allowed_lateness_ms = d.watermark.allowed_lateness
+        if resubscribe:
+            self._subscribe()
+            log.info("now ingesting %s", ", ".join(sorted(self.streams)) or "nothing")
 
     def _subscribe(self) -> None:
         assert self._consumer is not None
@@ -328,7 +261,7 @@ class Ingest:
         for tp in partitions:
             self._assigned.add((tp.topic, tp.partition))
             self._to_restore.add((tp.topic, tp.partition))
-        log.info("assigned %s", _names(partitions))
+        log.info("assigned %s", partition_names(partitions))
 
     def _on_revoke(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # Runs inside consume(), which is only called between transactions: nothing is in flight.
@@ -339,7 +272,7 @@ class Ingest:
             w = self.watermarks.get(tp.topic)
             if w is not None:
                 w.revoke(tp.partition)
-        log.info("revoked %s", _names(partitions))
+        log.info("revoked %s", partition_names(partitions))
 
     def _restore_assigned(self) -> bool:
         """Read the offset and watermark progress committed for each newly assigned partition, and
@@ -351,7 +284,7 @@ class Ingest:
             # read_committed: waits for the offsets a dead owner's open transaction may still change.
             committed = self._consumer.committed(wanted, timeout=KAFKA_TIMEOUT_S)
         except KafkaException as e:
-            log.warning("cannot read the committed state of %s yet: %s", _names(wanted), e.args[0])
+            log.warning("cannot read the committed state of %s yet: %s", partition_names(wanted), e.args[0])
             return False
         now = self.now_ms()
         for tp in committed:
@@ -394,17 +327,13 @@ class Ingest:
                 if (topic, partition) not in self._assigned:
                     w.set_remote(partition, state)
 
-    # --- one batch --------------------------------------------------------------------------------
+    # --- one batch ------------------------------------------------------------------------------
     def run_once(self) -> BatchStats:
-        assert self._consumer is not None and self._producer is not None, "start() first"
-        s = self.settings
-        self._apply_update()
-        if self._shapes_retry_at is not None and time.monotonic() >= self._shapes_retry_at:
-            self._learn_valid_shapes()
-        if self._to_restore and not self._restore_assigned():
+        assert self._consumer is not None and self._pipeline is not None, "start() first"
+        if not self._between_batches():
             return BatchStats()
-        self._sync_remote_progress()
         rebalances = self._rebalances
+        s = self.settings
         msgs = consume_batch(
             self._consumer,
             s.batch_max_records,
@@ -412,10 +341,10 @@ class Ingest:
             s.batch_linger_ms / 1000,
             not_before=self._next_transaction_at,
         )
-        # Read before the rebalance check: a fatal consumer error raises even from a batch that is
+        # Selected before the rebalance check: a fatal consumer error raises even from a batch that is
         # dropped (librdkafka revokes the partitions as the consumer fails; a dropped error left
-        # ingest polling a dead consumer, seen in the cluster fault test).
-        records = self._records(msgs)
+        # ingest polling a dead consumer).
+        records = select_records(msgs, self.streams, self._assigned)
         if self._rebalances != rebalances:
             # The assignment changed during this call. Its records are dropped: the new assignment is
             # restored and rewound to its committed offsets first (see _restore_assigned), so they
@@ -424,275 +353,50 @@ class Ingest:
         if not records:
             self._publish_watermarks()
             return BatchStats()
-        chunk = self._isolation.chunk
-        if chunk is not None and len(records) > chunk:  # looking for a record the broker refuses
-            self._rewind(records[chunk:])
-            records = records[:chunk]
-        started = time.perf_counter()
-        self._next_transaction_at = time.monotonic() + s.transaction_interval_ms / 1000
-        snapshot = {t: w.snapshot() for t, w in self.watermarks.items()}
-        receipts = ReceiveSpans(self.tracer)
-        try:
-            stats, topics = self._transact(records, receipts)
-        except KafkaException as e:
-            receipts.end(e)
-            self._abort(e, records, snapshot, rebalances)
+        stats = self._transact(self._isolate(records), rebalances)
+        if stats is None:
             return BatchStats()
-        receipts.end()  # a traced record's receive span lasts until its transaction committed
-        elapsed = time.perf_counter() - started
-        for topic in topics:
-            PROCESSING_LATENCY.labels(SERVICE, topic).observe(elapsed)
         self._publish_watermarks()
         return stats
 
-    def _records(self, msgs: list[Message]) -> list[Consumed]:
-        records: list[Consumed] = []
-        streams, assigned = self.streams, self._assigned
-        for m in msgs:
-            err = m.error()
-            if err is not None:
-                if err.fatal():
-                    raise FatalKafkaError(f"consumer: {err}", err)
-                if err.code() != KafkaError._PARTITION_EOF:
-                    log.warning("consume error: %s", err)
-                continue
-            # Consumed records always have these three (Any: no per-record cast calls in this loop).
-            topic: Any = m.topic()
-            partition: Any = m.partition()
-            offset: Any = m.offset()
-            # A topic dropped from the streams since the fetch: leave it uncommitted, unread.
-            if topic in streams and (topic, partition) in assigned:
-                records.append((m, topic, partition, offset))
+    def _between_batches(self) -> bool:
+        """Apply what changed since the last batch; False while a new assignment is not restored."""
+        self._apply_update()
+        if self._shapes.due():
+            self._learn_valid_shapes()
+        if self._to_restore and not self._restore_assigned():
+            return False
+        self._sync_remote_progress()
+        return True
+
+    def _isolate(self, records: list[Consumed]) -> list[Consumed]:
+        """The records to transact now: fewer while looking for a record the broker refuses."""
+        chunk = self._isolation.chunk
+        if chunk is not None and len(records) > chunk:
+            self._rewind(records[chunk:])
+            return records[:chunk]
         return records
 
-    def _validator(self, topic: str) -> RecordValidator:
-        v = self._validators.get(topic)
-        if v is None or v.source is not self.streams[topic].source:
-            v = self._validators[topic] = RecordValidator(self.streams[topic].source, self.policy)
-        return v
-
-    def _transact(self, records: list[Consumed], receipts: ReceiveSpans) -> tuple[BatchStats, set[str]]:
-        """One transaction: every record of the batch to exactly one of valid, late or DLQ, plus the
-        offsets with their partitions' watermark progress. Per-record work stays in this loop."""
-        assert self._consumer is not None and self._producer is not None
-        producer, consumer = self._producer, self._consumer
-        now = self.now_ms()
-        streams, watermarks = self.streams, self.watermarks
-        validators = {topic: self._validator(topic) for topic in streams}
-        targets = {
-            t: (d.source.valid_topic, d.source.late_topic, d.source.dlq_topic) for t, d in streams.items()
-        }
-        produce = self._produce
-        self._delivery_errors.clear()
-        began = time.perf_counter()
-        producer.begin_transaction()
-        forwarded: Tally[str] = Tally()
-        late: Tally[str] = Tally()
-        rejected: Tally[tuple[str, str]] = Tally()
-        ends: dict[tuple[str, int], int] = {}
-        gate = self._gate
-        roots = gate.roots(len(records))  # the records that start a trace (empty when tracing is off)
-        limit = self.settings.max_message_bytes
-        pack_limit = min(self.settings.valid_pack_bytes, limit - RECORD_OVERHEAD)
-        packer = Packer(pack_limit, self._valid_topic_shape) if pack_limit > PACK_FRAMING_BYTES else None
-        isolation = self._isolation
-        for i, (m, topic, partition, offset) in enumerate(records):
-            ends[(topic, partition)] = offset + 1  # a partition's records come in offset order
-            if i % POLL_EVERY == POLL_EVERY - 1:
-                producer.poll(0)
-            result: ValidEvent | Rejection
-            if isolation.culprits and (topic, partition, offset) in isolation.culprits:
-                if (topic, partition, offset) in isolation.unwritable:
-                    log.error("dropped %s[%d]@%d: its dead letter was refused", topic, partition, offset)
-                    rejected[(topic, UNWRITABLE)] += 1
-                    continue
-                result = isolation.culprits[(topic, partition, offset)]
-            else:
-                result = validators[topic].check(m.value(), now)
-            if type(result) is Rejection:
-                self._dead_letter(m, targets[topic][2], result)
-                rejected[(topic, result.error_class)] += 1
-                continue
-            assert type(result) is ValidEvent
-            headers: Any = m.headers()  # a list of (name, value) pairs, or None
-            if headers or i in roots:  # rare: a producer's trace context, or a record chosen to trace
-                parent = gate.context_for(headers, i in roots)
-                if parent is not None:
-                    headers = receipts.start(parent, headers, topic, partition, offset)
-            late_against = watermarks[topic].observe(partition, result.event_time_ms, now)
-            if late_against is not None:
-                headers = [
-                    *(headers or ()),
-                    (constants.HDR_LATE_WATERMARK_MS, str(late_against).encode()),
-                    (constants.HDR_LATE_EVENT_TIME_MS, str(result.event_time_ms).encode()),
-                    (
-                        constants.HDR_LATE_ALLOWED_LATENESS_MS,
-                        str(streams[topic].watermark.allowed_lateness).encode(),
-                    ),
-                    (constants.HDR_LATE_TOPIC, topic.encode()),
-                    (constants.HDR_LATE_PARTITION, str(partition).encode()),
-                    (constants.HDR_LATE_OFFSET, str(offset).encode()),
-                ]
-                out, key, value, counts = targets[topic][1], m.key(), m.value(), late
-            else:
-                # The Kafka timestamp stays the time of writing: with the event time there, the
-                # broker's time-based retention would delete backfilled or replayed (old) events at
-                # its next check, before the processor read them. The event time is in the payload.
-                out, counts = targets[topic][0], forwarded
-                headers = headers or None
-                if packer is not None:
-                    part, most = packer.slot(out, result.key)
-                    # The value has the key in it: it is a pack's element as it is (shared/packs.py).
-                    if headers is None and len(result.value) + PACK_FRAMING_BYTES <= most:
-                        closed = packer.add(out, part, most, result.value, (m, topic))
-                        if closed is not None:
-                            self._produce_pack(closed, targets, forwarded, rejected)
-                        continue
-                    # This one goes alone (a trace context, or too big): after the events before it.
-                    earlier = packer.take(out, part)
-                    if earlier is not None:
-                        self._produce_pack(earlier, targets, forwarded, rejected)
-                key, value = result.key.encode(), result.value
-            # What is produced must fit the message limit (a long key repeats the key fields).
-            size = RECORD_OVERHEAD + len(key or b"") + len(value or b"")
-            if headers:
-                size += headers_size(headers)
-            refused: Rejection | None = None
-            if size > limit:
-                refused = Rejection(OVERSIZED_RECORD, too_large(out, key, value, headers, limit) or "")
-            else:
-                try:
-                    produce(out, key, value, headers)
-                except KafkaException as e:
-                    if e.args[0].code() not in RECORD_ERRORS:
-                        raise
-                    refused = Rejection(PRODUCE_FAILED, f"the producer refused its record for {out}: {e}")
-            if refused is not None:
-                self._dead_letter(m, targets[topic][2], refused)
-                rejected[(topic, refused.error_class)] += 1
-                continue
-            counts[topic] += 1
-        if packer is not None:
-            for p in packer.drain():
-                self._produce_pack(p, targets, forwarded, rejected)
-        for w in watermarks.values():
-            w.advance(now)  # the stream's watermark, committed with the offsets
-        offsets = [TopicPartition(t, p, o, self._committed_metadata(t, p)) for (t, p), o in ends.items()]
-        _retrying(
-            lambda: producer.send_offsets_to_transaction(
-                offsets, consumer.consumer_group_metadata(), KAFKA_TIMEOUT_S
-            ),
-            self._guard,
-            "send_offsets_to_transaction",
-        )
-        _retrying(lambda: producer.commit_transaction(KAFKA_TIMEOUT_S), self._guard, "commit_transaction")
-        TRANSACTION_SECONDS.observe(time.perf_counter() - began)
-        TRANSACTION_RECORDS.observe(len(records))
-        if isolation.chunk is not None or isolation.culprits:
-            isolation.committed(ends)
-        # Counted once committed: an aborted batch is read again and would count twice.
-        for topic, n in forwarded.items():
-            RECORDS_PROCESSED.labels(SERVICE, topic).inc(n)
-        for topic, n in late.items():
-            LATE_EVENTS.labels(SERVICE, topic).inc(n)
-        for (topic, reason), n in rejected.items():
-            DLQ_EVENTS.labels(SERVICE, topic, reason).inc(n)
-        stats = BatchStats(sum(forwarded.values()), sum(rejected.values()), sum(late.values()))
-        return stats, {tp.topic for tp in offsets}
-
-    def _produce_pack(
-        self,
-        p: Pack,
-        targets: dict[str, tuple[str, str, str]],
-        forwarded: Tally[str],
-        rejected: Tally[tuple[str, str]],
-    ) -> None:
-        """One pack to its partition; if Kafka refuses it, each of its events to the dead letters."""
+    def _transact(self, records: list[Consumed], rebalances: int) -> BatchStats | None:
+        """The batch in one transaction; None when it was aborted (and will be read again)."""
+        assert self._consumer is not None and self._pipeline is not None
+        started = time.perf_counter()
+        self._next_transaction_at = time.monotonic() + self.settings.transaction_interval_ms / 1000
+        snapshot = {t: w.snapshot() for t, w in self.watermarks.items()}
+        receipts = ReceiveSpans(self.tracer)
         try:
-            self._produce(p.topic, None, pack(p.elements), None, p.partition)
+            routed = self._pipeline.run(
+                records, self.streams, self.watermarks, self.now_ms(), self._consumer, receipts
+            )
         except KafkaException as e:
-            if e.args[0].code() not in RECORD_ERRORS:
-                raise
-            for m, topic in p.members:
-                refused = Rejection(PRODUCE_FAILED, f"the producer refused its pack for {p.topic}: {e}")
-                self._dead_letter(m, targets[topic][2], refused)
-                rejected[(topic, PRODUCE_FAILED)] += 1
-            return
-        for _, topic in p.members:
-            forwarded[topic] += 1
-
-    def _learn_valid_shapes(self, changed: Collection[str] = ()) -> None:
-        """Ask for the partition count and max.message.bytes (what packs are cut to) of each stream's
-        .valid topic not known yet, and of those in ``changed`` (new or changed streams'), at stream
-        set-up: never inside a transaction, where a broker that does not answer would hold it open. A
-        topic that cannot be described is (0, 0) (its packs go to any partition, at the setting's
-        size) and asked again before a batch ``SHAPE_RETRY_S`` later."""
-        wanted = {d.source.valid_topic for d in self.streams.values()}
-        shapes = {t: v for t, v in self._valid_shapes.items() if t in wanted and t not in changed}
-        unknown = False
-        for topic in sorted(wanted):
-            if shapes.get(topic, (0, 0)) != (0, 0):
-                continue
-            try:
-                shapes[topic] = topic_shape(self.settings.kafka_bootstrap, topic, timeout_s=SHAPE_TIMEOUT_S)
-            except (KafkaException, TimeoutError) as e:
-                log.warning("cannot describe %s (its packs go to any partition for now): %s", topic, e)
-                unknown = True
-            else:
-                unknown = unknown or shapes[topic] == (0, 0)
-        self._valid_shapes = shapes
-        self._shapes_retry_at = time.monotonic() + SHAPE_RETRY_S if unknown else None
-
-    def _valid_topic_shape(self, topic: str) -> tuple[int, int]:
-        return self._valid_shapes.get(topic, (0, 0))
-
-    def _dead_letter(self, m: Message, dlq_topic: str, rejection: Rejection) -> None:
-        """The original record with why it was refused, cut down to the message limit if need be."""
-        key, value, headers = fit(
-            m.key(),
-            m.value(),
-            dead_letter_headers(m, rejection.error_class, rejection.message, SERVICE),
-            self.settings.max_message_bytes,
-        )
-        self._produce(dlq_topic, key, value, headers)
-
-    def _delivery_failed(self, err: KafkaError | None, _msg: Message) -> None:
-        """librdkafka's delivery report, for failed records only (served by poll/flush)."""
-        if err is not None:
-            self._delivery_errors.append(err)
-
-    def _committed_metadata(self, topic: str, partition: int) -> str:
-        return self.watermarks[topic].committed_progress(partition).to_metadata()
-
-    def _produce(
-        self,
-        topic: str,
-        key: bytes | None,
-        value: bytes | None,
-        headers: Headers | None,
-        partition: int = ANY_PARTITION,
-    ) -> None:
-        assert self._producer is not None
-        try:
-            self._producer.produce(topic, key=key, value=value, headers=headers, partition=partition)
-            return
-        except BufferError:
-            pass
-        # The local queue is full: let deliveries drain it. Still full after the transaction's own
-        # timeout means the broker does not keep up: abort, and the batch is read again.
-        deadline = time.monotonic() + self.settings.transaction_timeout_ms / 1000
-        while True:
-            self._producer.poll(0.05)
-            try:
-                self._producer.produce(topic, key=key, value=value, headers=headers, partition=partition)
-                return
-            except BufferError:
-                if time.monotonic() > deadline:
-                    raise KafkaException(
-                        KafkaError(
-                            KafkaError._QUEUE_FULL, "producer queue stayed full", txn_requires_abort=True
-                        )
-                    ) from None
+            receipts.end(e)
+            self._abort(e, records, snapshot, rebalances)
+            return None
+        receipts.end()  # a traced record's receive span lasts until its transaction committed
+        elapsed = time.perf_counter() - started
+        for topic in routed.topics():
+            PROCESSING_LATENCY.labels(SERVICE, topic).observe(elapsed)
+        return routed.stats()
 
     def _abort(
         self,
@@ -702,41 +406,25 @@ class Ingest:
         rebalances: int,
     ) -> None:
         """Abort the batch, forget its watermark progress and read it again."""
-        assert self._consumer is not None and self._producer is not None
-        kerr = error.args[0]
-        if isinstance(kerr, KafkaError) and kerr.fatal():
-            # Fenced (a newer incarnation of this replica took over) or broken: only a restart is safe.
-            raise FatalKafkaError(f"unrecoverable transaction error: {kerr}", kerr) from error
-        log.warning("aborting a batch of %d records: %s", len(records), kerr)
-        self._producer.poll(0)  # serve the delivery reports of the records that failed
-        refused = [e for e in self._delivery_errors if e.code() in RECORD_ERRORS]
-        try:
-            with self._guard("abort_transaction"):
-                self._producer.abort_transaction(KAFKA_TIMEOUT_S)
-        except KafkaException as e:
-            abort_error = e.args[0]
-            if isinstance(abort_error, KafkaError) and abort_error.fatal():
-                raise FatalKafkaError(f"cannot abort the transaction: {abort_error}", abort_error) from e
-            log.warning("abort_transaction: %s", abort_error)
+        assert self._transactions is not None
+        refused = self._transactions.abort(error, len(records))
         for topic, snap in snapshot.items():
             if topic in self.watermarks:
                 self.watermarks[topic].rollback(snap)
-        if refused:
-            log.warning("Kafka refused a record of this batch (%s): looking for it", refused[0])
-            self._isolation.failed([(t, p, o) for _, t, p, o in records], refused[0])
+        if refused is not None:
+            log.warning("Kafka refused a record of this batch (%s): looking for it", refused)
+            self._isolation.failed([(t, p, o) for _, t, p, o in records], refused)
         if self._rebalances != rebalances:
             return  # a new assignment restarts at the committed offsets anyway
         self._rewind(records)
 
     def _rewind(self, records: list[Consumed]) -> None:
-        """Seek back so that ``records`` are read again."""
         assert self._consumer is not None
-        for tp in first_offsets(m for m, *_ in records):
-            if (tp.topic, tp.partition) in self._assigned:
-                try:
-                    self._consumer.seek(tp)
-                except KafkaException as e:
-                    log.warning("cannot rewind %s[%d]: %s", tp.topic, tp.partition, e.args[0])
+        rewind(self._consumer, (m for m, *_ in records), self._assigned)
+
+    def _learn_valid_shapes(self, changed: Collection[str] = ()) -> None:
+        """Ask for the shape of the streams' .valid topics not known yet and of those in ``changed``."""
+        self._shapes.learn({d.source.valid_topic for d in self.streams.values()}, changed)
 
     def _publish_watermarks(self) -> None:
         now = self.now_ms()
@@ -745,56 +433,3 @@ class Ingest:
             if w.watermark_ms is not None:
                 WATERMARK_MS.labels(SERVICE, topic).set(w.watermark_ms)
                 WATERMARK_LAG_MS.labels(SERVICE, topic).set(now - w.watermark_ms)
-
-    def watermark_info(self, topic: str) -> dict[str, object]:
-        """The stream's watermark as this replica sees it (for the HTTP endpoint)."""
-        w = self.watermarks.get(topic)
-        now = self.now_ms()
-        if w is None:
-            return {"topic": topic, "watermark_ms": None, "watermark_lag_ms": None, "partitions": {}}
-        partitions = {
-            **{p: ("remote", s) for p, s in w.remote.items()},
-            **{p: ("owned", s) for p, s in w.owned.items()},
-        }
-        return {
-            "topic": topic,
-            "watermark_ms": w.watermark_ms,
-            "watermark_lag_ms": w.lag_ms(now),
-            "max_out_of_orderness_ms": w.max_out_of_orderness_ms,
-            "allowed_lateness_ms": w.allowed_lateness_ms,
-            "partitions": {
-                str(p): {
-                    "owner": owner,
-                    "max_event_time_ms": s.max_event_time_ms,
-                    "watermark_ms": w.partition_watermark(s),
-                    "idle": w.is_idle(s, now),
-                }
-                for p, (owner, s) in sorted(partitions.items())
-            },
-        }
-
-
-Guard = Callable[[str], contextlib.AbstractContextManager[None]]
-
-
-def _unguarded(_what: str) -> contextlib.AbstractContextManager[None]:
-    return contextlib.nullcontext()
-
-
-def _retrying(call: Callable[[], object], guard: Guard, what: str, attempts: int = 5) -> None:
-    """Repeat a transactional call on a retriable error (e.g. a timeout), as the client asks for;
-    each attempt under ``guard(what)`` (a watchdog's deadline)."""
-    for attempt in range(attempts):
-        try:
-            with guard(what):
-                call()
-            return
-        except KafkaException as e:
-            kerr = e.args[0]
-            if not (isinstance(kerr, KafkaError) and kerr.retriable()) or attempt == attempts - 1:
-                raise
-            log.warning("retrying after a retriable error: %s", kerr)
-
-
-def _names(partitions: Iterable[TopicPartition]) -> str:
-    return ", ".join(f"{tp.topic}[{tp.partition}]" for tp in partitions) or "nothing"

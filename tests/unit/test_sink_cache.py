@@ -14,7 +14,7 @@ from services.sink.cache import (
     RecordCache,
     entry_size,
 )
-from services.sink.consumer import parse_update
+from services.sink.writer import parse_update
 from shared.records import WindowResult
 
 
