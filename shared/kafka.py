@@ -81,12 +81,9 @@ def consumer_config(bootstrap: str, group_id: str, **extra: object) -> dict[str,
         "enable.auto.commit": False,
         "enable.auto.offset.store": False,
         "auto.offset.reset": "earliest",
-        # librdkafka stops fetching a partition whose local queue holds queued.min.messages (100,000)
-        # and looks again only after this backoff, 1,000 ms by default: a consumer that drains its
-        # queue faster than that then waits for the rest of the second (librdkafka #2879). Raw
-        # consume on this broker: ~180k records/s with the default, 620-860k with 5-100 ms, and the
-        # same CPU at 20 ms (0 polls, costing ~50% more); tests/bench/README.md, The consumers waited
-        # a second whenever their queue held 100,000 records.
+        # librdkafka stops fetching a partition whose local queue is full (queued.min.messages) and
+        # looks again only after this backoff, a second by default: a consumer that drains its queue
+        # faster waits out the rest of that second (librdkafka #2879). 0 would poll without pause.
         "fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS,
         **extra,
     }
@@ -162,23 +159,6 @@ def first_offsets(records: Iterable[Message]) -> list[TopicPartition]:
 
 
 def dead_letter_headers(
-    m: Message, error_class: str, message: str, service: str
-) -> list[tuple[str, str | bytes | None]]:
-    """The record's own headers plus why it was rejected and where it came from."""
-    topic, partition, offset = coordinates(m)
-    return [
-        *(m.headers() or []),
-        (constants.HDR_ERROR_CLASS, error_class.encode()),
-        (constants.HDR_ERROR_MESSAGE, message[:4000].encode()),
-        (constants.HDR_SOURCE_TOPIC, topic.encode()),
-        (constants.HDR_SOURCE_PARTITION, str(partition).encode()),
-        (constants.HDR_SOURCE_OFFSET, str(offset).encode()),
-        (constants.HDR_SERVICE, service.encode()),
-        (constants.HDR_ERROR_TIME_MS, str(wall_clock_ms()).encode()),
-    ]
-
-
-def dead_letter_headers_at(
     topic: str,
     partition: int,
     offset: int,
@@ -187,8 +167,8 @@ def dead_letter_headers_at(
     service: str,
     headers: list[tuple[str, str | bytes | None]] | None = None,
 ) -> list[tuple[str, str | bytes | None]]:
-    """Like dead_letter_headers, for a record that was never consumed from Kafka (e.g. posted over
-    HTTP: partition and offset are then -1)."""
+    """A dead letter's headers: the record's own ``headers`` plus why it was rejected and where it came
+    from (a record never consumed from Kafka, e.g. posted over HTTP, has partition and offset -1)."""
     return [
         *(headers or []),
         (constants.HDR_ERROR_CLASS, error_class.encode()),
@@ -199,6 +179,20 @@ def dead_letter_headers_at(
         (constants.HDR_SERVICE, service.encode()),
         (constants.HDR_ERROR_TIME_MS, str(wall_clock_ms()).encode()),
     ]
+
+
+def dead_letter_headers_of(
+    m: Message, error_class: str, message: str, service: str
+) -> list[tuple[str, str | bytes | None]]:
+    """dead_letter_headers for a consumed record, its own headers first."""
+    headers = m.headers()  # a consumed record's are a list (or None)
+    own = headers if isinstance(headers, list) else None
+    return dead_letter_headers(*coordinates(m), error_class, message, service, own)
+
+
+def partition_names(partitions: Iterable[TopicPartition]) -> str:
+    """``topic[partition], ...`` for a log line ("nothing" when there is none)."""
+    return ", ".join(f"{tp.topic}[{tp.partition}]" for tp in partitions) or "nothing"
 
 
 def close_consumer(consumer: Consumer, timeout_s: float = 15.0) -> bool:

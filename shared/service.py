@@ -36,7 +36,7 @@ from shared.errors import StreamForgeError
 from shared.grpc_server import GrpcServices, HealthServedGrpcServer
 from shared.logs import configure_logging
 from shared.metrics import serve_metrics
-from shared.registry import JobsProvider, start_registration
+from shared.registration import JobsProvider, start_registration
 from shared.settings import BaseServiceSettings
 from shared.tls import TlsIdentity, authorizing_interceptor, service_tls
 from shared.tracing import grpc_server_interceptor, setup_tracing, shutdown_tracing

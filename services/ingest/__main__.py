@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from opentelemetry.trace import Tracer
 
-from services.ingest.app import Ingest
+from services.ingest.consumer import Ingest
 from services.ingest.errors import FatalKafkaError
 from services.ingest.grpc_server import grpc_services
 from services.ingest.settings import IngestSettings

@@ -6,7 +6,7 @@ import logging
 
 import grpc
 
-from services.ingest.app import Ingest
+from services.ingest.consumer import Ingest
 from services.ingest.errors import IngestError, StreamConfigError
 from services.ingest.streams import StreamDefinition
 from shared.errors import SpecError

@@ -1,13 +1,10 @@
 """HTTP ingest for producers that cannot speak Kafka: POST a JSON array of events, get 202.
 
-It runs in the ingest process (uvicorn in a thread) so it shares the stream definitions, including
-the ones the control plane pushes at run time, and the group's lag the backpressure reads.
-
-Every posted event is validated on the spot, so the response says which ones were refused and why.
-Good events are written to the stream's raw topic (keyed by the stream's key fields) and go through
-the Kafka loop like any other: one path for watermarks, late events and exactly-once forwarding.
-Refused events go straight to the dead-letter topic (partition/offset headers -1: they never had
-one). The 202 is sent once the broker acknowledged every record of the request (acks=all).
+It runs in the ingest process (uvicorn in a thread), sharing the stream definitions (control's too)
+and the group's lag the backpressure reads. Each posted event is validated on the spot, so the
+response says which were refused and why. Good events go to the stream's raw topic (keyed by its key
+fields) and through the Kafka loop like any other; refused ones straight to the dead-letter topic
+(partition and offset headers -1). The 202 is sent once the broker acknowledged every record (acks=all).
 """
 
 from __future__ import annotations
@@ -43,7 +40,7 @@ from services.ingest.validate import (
     ValidEvent,
 )
 from shared.jobspec import Source
-from shared.kafka import check_metadata, dead_letter_headers_at
+from shared.kafka import check_metadata, dead_letter_headers
 from shared.metrics import DLQ_EVENTS
 from shared.tracing import current_traceparent, fastapi_telemetry, inject_headers, is_sampled_traceparent
 
@@ -74,7 +71,7 @@ class _Delivery:
 
 
 class StreamCatalog(Protocol):
-    """What the HTTP endpoint needs of the ingest loop it runs beside (services.ingest.app.Ingest)."""
+    """What the HTTP endpoint needs of the ingest loop it runs beside (services.ingest.consumer.Ingest)."""
 
     tracer: trace.Tracer
 
@@ -197,7 +194,7 @@ class HttpIngest:
                 key, value, headers = fit(
                     None,
                     raw,
-                    dead_letter_headers_at(
+                    dead_letter_headers(
                         source.topic,
                         -1,
                         -1,

@@ -7,17 +7,28 @@ consumed records its events came from: if Kafka refuses the pack, each of them g
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import logging
+import time
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 from zlib import crc32
 
+from confluent_kafka import KafkaException
+
+from shared.kafka import topic_shape
 from shared.packs import PACK_FRAMING_BYTES
+
+log = logging.getLogger(__name__)
 
 # A partition the producer's partitioner picks (confluent_kafka's RD_KAFKA_PARTITION_UA): used while a
 # topic's partition count is unknown.
 ANY_PARTITION = -1
 TOPIC_MARGIN_BYTES = 128  # a record batch's header and a record's own fields
+# A .valid topic's shape is asked at stream set-up within this long; one that could not be is asked
+# again, between batches, this long after.
+SHAPE_TIMEOUT_S = 5.0
+SHAPE_RETRY_S = 30.0
 
 
 @dataclass(slots=True)
@@ -76,3 +87,40 @@ class Packer:
         while self._open:
             _, pack = self._open.popitem()
             yield pack
+
+
+class ValidTopicShapes:
+    """The partition count and ``max.message.bytes`` (what packs are cut to) of each stream's .valid
+    topic, asked at stream set-up: never inside a transaction, where a broker that does not answer
+    would hold it open. A topic that cannot be described is (0, 0): its packs go to any partition, at
+    the setting's size, and it is asked again ``SHAPE_RETRY_S`` later (``due``)."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self._bootstrap = bootstrap
+        self._shapes: dict[str, tuple[int, int]] = {}
+        self.retry_at: float | None = None  # time.monotonic(): when to ask again for unknown ones
+
+    def learn(self, wanted: Collection[str], changed: Collection[str] = ()) -> None:
+        """Ask for the topics of ``wanted`` not known yet, and for those in ``changed``; forget the
+        others."""
+        shapes = {t: v for t, v in self._shapes.items() if t in wanted and t not in changed}
+        unknown = False
+        for topic in sorted(wanted):
+            if shapes.get(topic, (0, 0)) != (0, 0):
+                continue
+            try:
+                shapes[topic] = topic_shape(self._bootstrap, topic, timeout_s=SHAPE_TIMEOUT_S)
+            except (KafkaException, TimeoutError) as e:
+                log.warning("cannot describe %s (its packs go to any partition for now): %s", topic, e)
+                unknown = True
+            else:
+                unknown = unknown or shapes[topic] == (0, 0)
+        self._shapes = shapes
+        self.retry_at = time.monotonic() + SHAPE_RETRY_S if unknown else None
+
+    def due(self) -> bool:
+        """True when a topic could not be described and it is time to ask again."""
+        return self.retry_at is not None and time.monotonic() >= self.retry_at
+
+    def shape(self, topic: str) -> tuple[int, int]:
+        return self._shapes.get(topic, (0, 0))

@@ -6,7 +6,9 @@ file, and at run time from the control plane (gRPC StreamConfig.ApplyStreams, wh
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
@@ -34,6 +36,22 @@ class StreamDefinition(BaseModel):
     def of_job(cls, spec: JobSpec) -> list[StreamDefinition]:
         """Every stream a job reads (a join reads two), each with the job's watermark."""
         return [cls(source=source, watermark=spec.watermark) for source in spec.sources]
+
+
+@dataclass
+class StreamsUpdate:
+    """A new set of stream definitions, handed from a gRPC thread to the loop that owns the consumer."""
+
+    streams: dict[str, StreamDefinition]
+    done: threading.Event
+    error: Exception | None = None
+
+
+def family_topics(streams: Iterable[StreamDefinition]) -> list[str]:
+    """Every topic of these streams: raw, valid, dead-letter and late."""
+    return [
+        t for d in streams for t in (d.topic, d.source.valid_topic, d.source.dlq_topic, d.source.late_topic)
+    ]
 
 
 class StreamsFile(BaseModel):

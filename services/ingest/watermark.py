@@ -1,22 +1,11 @@
 """Event-time watermarks per stream, tracked per partition of its raw topic (pure, no I/O).
 
-A partition's watermark is the largest event time seen on it minus the stream's bounded
-out-of-orderness. An event is late when its event time is before the watermark of its own partition,
-as the events before it on that partition left it, minus the allowed lateness: Kafka Streams' stream
-time, advanced record by record. So the late set is a function of each partition's sequence of
-events alone: the same whatever the batch sizes, however fast the events arrived, however the
-partitions' records interleave, and after a crash (the partition's largest event time is committed
-with its offset, see ``PartitionProgress``).
-
-The stream's watermark, the one ingest publishes, is the smallest watermark of its *active*
-partitions: a partition without a record for ``idle_timeout_ms`` (processing time) stops holding it
-back. It never goes backwards, not even when an idle partition wakes up behind it or the service
-restarts (the last value is part of the committed state). It does not decide lateness: the other
-partitions' progress at the moment a record is judged depends on how their records interleave.
-
-Time is read from an injected ``now_ms`` argument, so tests decide what "now" is. Partitions owned by
-this replica are updated record by record; partitions owned by other replicas are known from what
-those replicas last committed (``set_remote``) and count the same way for the stream's watermark.
+An event is late when its event time is before its own partition's watermark (the largest event time
+seen there minus the out-of-orderness) minus the allowed lateness, as Kafka Streams' stream time: the
+late set depends only on each partition's own events, whatever the batches, interleaving or crashes.
+The stream's watermark, the published one, is the smallest of its active partitions' (one idle for
+``idle_timeout_ms`` does not hold it back; other replicas' are known from their commits); it never
+goes backwards and decides no lateness. Time is an argument (``now_ms``), so tests set "now".
 """
 
 from __future__ import annotations
@@ -152,6 +141,29 @@ class StreamWatermark:
     def lag_ms(self, now_ms: int) -> int | None:
         """How far the watermark trails processing time (what `watermark_lag_ms` reports)."""
         return None if self.watermark_ms is None else now_ms - self.watermark_ms
+
+    def describe(self, topic: str, now_ms: int) -> dict[str, object]:
+        """The stream's watermark and each partition's part in it, as the HTTP endpoint shows it."""
+        partitions = {
+            **{p: ("remote", s) for p, s in self.remote.items()},
+            **{p: ("owned", s) for p, s in self.owned.items()},
+        }
+        return {
+            "topic": topic,
+            "watermark_ms": self.watermark_ms,
+            "watermark_lag_ms": self.lag_ms(now_ms),
+            "max_out_of_orderness_ms": self.max_out_of_orderness_ms,
+            "allowed_lateness_ms": self.allowed_lateness_ms,
+            "partitions": {
+                str(p): {
+                    "owner": owner,
+                    "max_event_time_ms": s.max_event_time_ms,
+                    "watermark_ms": self.partition_watermark(s),
+                    "idle": self.is_idle(s, now_ms),
+                }
+                for p, (owner, s) in sorted(partitions.items())
+            },
+        }
 
     # --- transactions: a batch that is aborted leaves no trace ----------------------------------
     def snapshot(self) -> WatermarkSnapshot:

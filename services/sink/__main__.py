@@ -11,7 +11,7 @@ import sys
 
 from opentelemetry.trace import Tracer
 
-from services.sink.app import Sink
+from services.sink.consumer import Sink
 from services.sink.grpc_server import grpc_services
 from services.sink.settings import SinkSettings
 from shared.service import GrpcEndpoint, Wiring, run_service

@@ -6,7 +6,7 @@ import logging
 
 import grpc
 
-from services.sink.app import Sink
+from services.sink.consumer import Sink
 from services.sink.errors import SinkError
 from shared.errors import SpecError
 from shared.grpc_server import GrpcServices

@@ -7,7 +7,7 @@ then reads all of them three times, each with its own consumer group:
 * raw_plain: consume a batch, produce every record as is, no transactions (at-least-once);
 * raw_transactional: the same plus one transaction per batch with the consumed offsets: the
   exactly-once skeleton ingest is built on, without any per-record work;
-* ingest: the real loop (services.ingest.app.Ingest): parse, validate, normalise, key, watermark,
+* ingest: the real loop (services.ingest.consumer.Ingest): parse, validate, normalise, key, watermark,
   late/DLQ routing, offsets with watermark metadata, one transaction per batch.
 
 Each rate counts from the first batch that returned records to the last commit (group joins are
@@ -25,7 +25,7 @@ from collections.abc import Callable
 import orjson
 from confluent_kafka import Consumer, Producer
 
-from services.ingest.app import Ingest
+from services.ingest.consumer import Ingest
 from services.ingest.settings import IngestSettings
 from services.ingest.streams import StreamDefinition
 from shared.constants import dlq_topic, late_topic, valid_topic

@@ -22,8 +22,8 @@ import redis
 from infra.local.stack import StackConfig, broker, redis_server
 from infra.paths import RUN_DIR
 from services.control.results import read_results
-from services.sink.app import Sink
 from services.sink.cache import CacheEntry, RecordCache, entry_size
+from services.sink.consumer import Sink
 from services.sink.settings import SinkSettings
 from shared.kafka import ensure_topics
 from shared.records import WindowResult

@@ -89,12 +89,11 @@ def data_dir_ready(path: Path) -> Path:
 
 
 def faust_worker(topic: str, job: str, expected: int) -> None:
-    """The faust version of the sink loop, with the sink's own cache and store (prototype quality)."""
+    """The faust version of the sink loop, with the sink's own cache and writer (prototype quality)."""
     import faust
 
-    from services.sink.app import parse_update
     from services.sink.cache import CacheEntry, RecordCache, entry_size
-    from services.sink.store import ResultStore
+    from services.sink.writer import ResultWriter, parse_update
 
     app = faust.App(
         f"bench-faust-{uuid.uuid4().hex[:8]}",
@@ -107,7 +106,7 @@ def faust_worker(topic: str, job: str, expected: int) -> None:
         consumer_auto_offset_reset="earliest",
     )
     source = app.topic(topic, value_type=bytes, value_serializer="raw")
-    store = ResultStore(redis.Redis.from_url(CFG.redis_url))
+    writer = ResultWriter(redis.Redis.from_url(CFG.redis_url))
     cache = RecordCache(CACHE_BYTES)
     received, writes = 0, 0
     pending_events: list[faust.types.EventT] = []
@@ -126,13 +125,13 @@ def faust_worker(topic: str, job: str, expected: int) -> None:
                 CacheEntry(parse_update(value), entry_size(value), msg.topic, msg.partition, msg.offset)
             )
             if evicted:
-                store.write([e.result for e in evicted])
+                writer.write([e.result for e in evicted])
                 writes += len(evicted)
             pending_events.append(event)
             received += 1
             if received >= expected or time.monotonic() - last_flush >= COMMIT_INTERVAL_S:
                 drained = cache.drain()
-                store.write([e.result for e in drained])
+                writer.write([e.result for e in drained])
                 writes += len(drained)
                 for e in pending_events:
                     e.ack()

@@ -32,7 +32,7 @@ from pyspark.sql import SparkSession
 from infra.artifacts.class_archive import processor_jvm_settings
 from infra.artifacts.fetch import spark_kafka_jars
 from infra.local.stack import PROCESSOR_WARMUP_S
-from services.ingest.app import Ingest
+from services.ingest.consumer import Ingest
 from services.ingest.settings import IngestSettings
 from services.ingest.streams import StreamDefinition
 from services.processor.jobs.query import start_query

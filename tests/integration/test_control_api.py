@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from services.control.api import create_app
 from services.control.plane import ControlPlane
-from services.sink.store import ResultStore
+from services.sink.writer import ResultWriter
 from shared.jobspec import JobSpec
 from shared.records import WindowResult
 from shared.tracing import provider_of, setup_tracing
@@ -371,7 +371,7 @@ def test_results_by_key_and_time_range(api: TestClient, control_redis_url: str, 
         for k in ("/a", "/b")
         for i in range(3)
     ]
-    ResultStore(client).upsert(rows)
+    ResultWriter(client).upsert(rows)
     everything = api.get(f"/jobs/{unique}/results", headers=auth(READ_TOKEN)).json()
     assert everything["count"] == 6
     ranged = api.get(

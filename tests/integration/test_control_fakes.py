@@ -1,7 +1,7 @@
 """Test doubles for the control-plane tests: small gRPC servers that play a processor, ingest or sink.
 
 They are real gRPC servers on loopback that register with the real control plane through the real
-``shared.registry.Registration``; only the Spark query behind JobCommands is replaced by a dict, so the
+``shared.registration.Registration``; only the Spark query behind JobCommands is replaced by a dict, so the
 state machine can be driven through every transition in seconds. (The real processor is exercised by
 tests/e2e/test_control_failover.py.) Also the fixtures the control tests share.
 """
@@ -25,7 +25,7 @@ from services.control.plane import ControlPlane
 from services.control.settings import ControlSettings
 from shared.proto import streamforge_pb2 as pb
 from shared.proto import streamforge_pb2_grpc as pb_grpc
-from shared.registry import Registration
+from shared.registration import Registration
 
 WRITE_TOKEN = "writer-token-0001"
 READ_TOKEN = "reader-token-0001"

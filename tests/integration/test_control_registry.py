@@ -1,4 +1,4 @@
-"""The gRPC Registry, the supervisor and shared.registry on the real Redis, with fake instances.
+"""The gRPC Registry, the supervisor and shared.registration on the real Redis, with fake instances.
 
 Heartbeats stop -> the instance is lost -> its jobs go FAILING -> restarted (same job id, so the
 processor resumes from the job's checkpoint) when a processor registers -> RUNNING. Also: re-register
@@ -22,7 +22,7 @@ from shared.jobspec import JobSpec
 from shared.jobstate import JobState
 from shared.proto import streamforge_pb2 as pb
 from shared.proto import streamforge_pb2_grpc as pb_grpc
-from shared.registry import Registration, start_registration
+from shared.registration import Registration, start_registration
 from shared.settings import BaseServiceSettings
 from tests.integration import test_control_fakes as fakes
 from tests.integration.test_control_fakes import (

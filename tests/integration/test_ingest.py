@@ -19,7 +19,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import REGISTRY
 
-from services.ingest.app import Ingest
+from services.ingest.consumer import Ingest
 from services.ingest.settings import IngestSettings
 from services.ingest.streams import StreamDefinition
 from shared import constants

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from services.ingest import validate as v
-from services.ingest.app import Ingest
+from services.ingest.consumer import Ingest
 from shared import constants
 from shared.kafka import ensure_topics
 from tests.integration.test_ingest import BASE_MS, drain, ingest_settings, stream_definition

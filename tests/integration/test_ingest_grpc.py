@@ -11,7 +11,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from infra.local.stack import StackConfig
-from services.ingest.app import Ingest
+from services.ingest.consumer import Ingest
 from services.ingest.grpc_server import grpc_services
 from shared.grpc_server import HealthServedGrpcServer
 from shared.proto import streamforge_pb2 as pb

@@ -9,7 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from services.ingest import validate as v
-from services.ingest.app import Ingest
+from services.ingest.consumer import Ingest
 from services.ingest.http import HDR_HTTP_INDEX, HttpIngest, create_app
 from services.ingest.streams import StreamDefinition
 from shared import constants

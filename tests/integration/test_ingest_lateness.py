@@ -16,7 +16,7 @@ import orjson
 import pytest
 from confluent_kafka import Producer
 
-from services.ingest.app import Ingest
+from services.ingest.consumer import Ingest
 from shared.kafka import ensure_topics
 from tests.integration.test_ingest import BASE_MS, drain, ingest_settings, stream_definition
 from tests.kafka_util import read_all

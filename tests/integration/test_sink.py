@@ -24,10 +24,10 @@ from infra.local.stack import StackConfig, redis_server
 from services.control.api import create_app
 from services.control.results import read_results
 from services.control.settings import ControlSettings
-from services.sink.app import Sink
+from services.sink.consumer import Sink
 from services.sink.grpc_server import grpc_services
 from services.sink.settings import SinkSettings
-from services.sink.store import LIBRARY, UPSERT_FUNCTION, ResultStore
+from services.sink.writer import LIBRARY, UPSERT_FUNCTION, ResultWriter
 from shared import constants
 from shared.grpc_server import HealthServedGrpcServer
 from shared.kafka import ensure_topics
@@ -167,20 +167,20 @@ def start(
     return sink
 
 
-# --- the store ---------------------------------------------------------------------------------------
-def test_store_keeps_the_highest_version_through_duplicates_replays_and_reordering(
+# --- the writer --------------------------------------------------------------------------------------
+def test_writer_keeps_the_highest_version_through_duplicates_replays_and_reordering(
     redis_client: redis.Redis, unique: str
 ) -> None:
-    store = ResultStore(redis_client)
+    writer = ResultWriter(redis_client)
     updates = window_updates(unique, "ab", (0, 1_000), versions=5, seed=3)
     rng = random.Random(3)
     for _ in range(5):
         batch = updates + rng.sample(updates, 10)  # replays
         rng.shuffle(batch)
-        store.upsert(batch)
+        writer.upsert(batch)
         assert redis_state(redis_client, unique) == oracle(updates)
     stale = [update(unique, "a", 0, 5, 999), update(unique, "a", 0, 4, 999)]
-    assert store.write(stale).stale == [0, 1]
+    assert writer.write(stale).stale == [0, 1]
     assert redis_state(redis_client, unique) == oracle(updates)
     assert redis_client.smembers(constants.redis_job_keys_key(unique)) == {b"a", b"b"}
     assert redis_client.zrange(constants.redis_window_index_key(unique, "a"), 0, -1) == [b"0", b"1000"]
@@ -189,14 +189,14 @@ def test_store_keeps_the_highest_version_through_duplicates_replays_and_reorderi
 def test_a_write_larger_than_a_pipeline_chunk_reports_each_update_at_its_place(
     redis_client: redis.Redis, unique: str
 ) -> None:
-    store = ResultStore(redis_client, chunk=4)
-    store.upsert([update(unique, "a", start, 5, 1) for start in range(0, 3_000, 1_000)])
+    writer = ResultWriter(redis_client, chunk=4)
+    writer.upsert([update(unique, "a", start, 5, 1) for start in range(0, 3_000, 1_000)])
     redis_client.set(constants.redis_window_key(unique, "b", 0), "not a hash")
     # 10 updates in 3 chunks: the held windows' older versions are stale, b@0 is refused, the rest apply.
     writes = [update(unique, "a", start, 4, 2) for start in range(0, 3_000, 1_000)]
     writes += [update(unique, "c", s, 1, 4) for s in range(0, 2_000, 1_000)] + [update(unique, "b", 0, 1, 3)]
     writes += [update(unique, "c", s, 1, 4) for s in range(2_000, 6_000, 1_000)]
-    outcome = store.write(writes)
+    outcome = writer.write(writes)
     assert outcome.stale == [0, 1, 2]
     assert [i for i, _ in outcome.rejected] == [5]  # the second chunk's second update
     assert outcome.applied == 6
@@ -205,9 +205,9 @@ def test_a_write_larger_than_a_pipeline_chunk_reports_each_update_at_its_place(
 
 def test_retention_expires_windows_and_trims_the_index(redis_client: redis.Redis, unique: str) -> None:
     ttl = 60_000
-    store = ResultStore(redis_client, window_ttl_ms=ttl)
+    writer = ResultWriter(redis_client, window_ttl_ms=ttl)
     for start_ms in (0, 30_000, 61_000, 200_000):
-        store.upsert([update(unique, "a", start_ms, 1, 1)])
+        writer.upsert([update(unique, "a", start_ms, 1, 1)])
     # Writing 200_000 drops the windows that start more than the retention before it.
     index = constants.redis_window_index_key(unique, "a")
     assert redis_client.zrange(index, 0, -1) == [b"200000"]
@@ -223,11 +223,11 @@ def test_an_update_rewrites_what_changes_refreshes_expiry_and_a_refused_window_l
     redis_client: redis.Redis, unique: str
 ) -> None:
     ttl = 60_000
-    store = ResultStore(redis_client, window_ttl_ms=ttl)
+    writer = ResultWriter(redis_client, window_ttl_ms=ttl)
     hash_key = constants.redis_window_key(unique, "a", 0)
     index = constants.redis_window_index_key(unique, "a")
     job_keys = constants.redis_job_keys_key(unique)
-    store.upsert([update(unique, "a", 0, 1, 10)])
+    writer.upsert([update(unique, "a", 0, 1, 10)])
     first = redis_client.hgetall(hash_key)
     for key in (hash_key, index, job_keys):
         redis_client.pexpire(key, 1_000)  # as if the retention had nearly run out
@@ -235,7 +235,7 @@ def test_an_update_rewrites_what_changes_refreshes_expiry_and_a_refused_window_l
     grown = msgspec.structs.replace(
         update(unique, "a", 0, 2, 20), window_end=5_000, final=True, aggregates={"count": 20, "max": 7.5}
     )
-    assert store.upsert([grown]) == 1
+    assert writer.upsert([grown]) == 1
     after = redis_client.hgetall(hash_key)
     assert {k: after[k] for k in (b"job_id", b"key", b"window_start")} == {
         b"job_id": unique.encode(),
@@ -256,17 +256,17 @@ def test_an_update_rewrites_what_changes_refreshes_expiry_and_a_refused_window_l
 
     # A new window whose key index holds another type: refused whole, no unindexed hash left behind.
     redis_client.set(constants.redis_window_index_key(unique, "b"), "not a sorted set")
-    outcome = store.write([update(unique, "b", 0, 1, 1)])
+    outcome = writer.write([update(unique, "b", 0, 1, 1)])
     assert [i for i, _ in outcome.rejected] == [0] and "WRONGTYPE" in outcome.rejected[0][1]
     assert not redis_client.exists(constants.redis_window_key(unique, "b", 0))
     assert redis_client.smembers(job_keys) == {b"a"}
 
 
 def test_the_function_is_loaded_again_when_redis_lost_it(redis_client: redis.Redis, unique: str) -> None:
-    store = ResultStore(redis_client)
-    store.upsert([update(unique, "a", 0, 1, 10)])
+    writer = ResultWriter(redis_client)
+    writer.upsert([update(unique, "a", 0, 1, 10)])
     redis_client.function_delete(LIBRARY)
-    assert store.upsert([update(unique, "a", 0, 2, 20)]) == 1
+    assert writer.upsert([update(unique, "a", 0, 2, 20)]) == 1
     assert redis_state(redis_client, unique) == {("a", 0): (2, 20)}
 
 
@@ -275,8 +275,8 @@ def test_a_sink_of_the_previous_release_still_writes_through_the_reloaded_librar
 ) -> None:
     """A rolling upgrade: the new sink loads the library (batched function); an old sink's per-window
     function must still be in it, and both must keep honouring each other's versions."""
-    store = ResultStore(redis_client)
-    store.upsert([update(unique, "a", 0, 2, 20)])
+    writer = ResultWriter(redis_client)
+    writer.upsert([update(unique, "a", 0, 2, 20)])
     keys = [
         constants.redis_window_key(unique, "a", 0),
         constants.redis_window_index_key(unique, "a"),
@@ -287,7 +287,7 @@ def test_a_sink_of_the_previous_release_still_writes_through_the_reloaded_librar
     assert redis_client.fcall(UPSERT_FUNCTION, 3, *keys, *old_sink) == 0  # version 1 < 2: stale
     old_sink[0] = 3
     assert redis_client.fcall(UPSERT_FUNCTION, 3, *keys, *old_sink) == 1
-    assert store.write([update(unique, "a", 0, 3, 30)]).stale == [0]
+    assert writer.write([update(unique, "a", 0, 3, 30)]).stale == [0]
     assert redis_state(redis_client, unique) == {("a", 0): (3, 10)}
 
 

@@ -22,8 +22,9 @@ from fastapi.testclient import TestClient
 from pyspark.sql import SparkSession
 
 from services.ingest import validate as v
-from services.ingest.app import UNWRITABLE, Ingest
+from services.ingest.consumer import Ingest
 from services.ingest.http import HttpIngest, create_app
+from services.ingest.pipeline import UNWRITABLE
 from services.ingest.streams import StreamDefinition
 from services.processor.jobs.plan import _group_columns
 from shared import constants

@@ -7,7 +7,8 @@ import zlib
 import orjson
 import pytest
 
-from services.ingest import app
+from services.ingest import packing
+from services.ingest.consumer import Ingest
 from services.ingest.packing import ANY_PARTITION, TOPIC_MARGIN_BYTES, Packer
 from services.ingest.settings import IngestSettings
 from services.ingest.streams import StreamDefinition
@@ -81,11 +82,11 @@ def test_ingest_asks_only_for_valid_topics_it_does_not_know_or_whose_stream_chan
         asked.append(topic)
         return shapes[topic]
 
-    monkeypatch.setattr(app, "topic_shape", topic_shape)
-    ingest = app.Ingest(IngestSettings(), [stream("a"), stream("b")])
+    monkeypatch.setattr(packing, "topic_shape", topic_shape)
+    ingest = Ingest(IngestSettings(), [stream("a"), stream("b")])
     ingest._learn_valid_shapes()
     assert sorted(asked) == ["a.valid", "b.valid"]
-    assert ingest._shapes_retry_at is not None  # b's is unknown: asked again later
+    assert ingest._shapes.retry_at is not None  # b's is unknown: asked again later
     asked.clear()
     ingest.streams["c"] = stream("c")
     ingest._learn_valid_shapes({"c.valid"})
@@ -93,9 +94,9 @@ def test_ingest_asks_only_for_valid_topics_it_does_not_know_or_whose_stream_chan
     asked.clear()
     shapes["b.valid"] = (1, 1_000_000)
     ingest._learn_valid_shapes({"a.valid"})  # a's stream changed: asked again
-    assert sorted(asked) == ["a.valid", "b.valid"] and ingest._shapes_retry_at is None
-    assert ingest._valid_topic_shape("b.valid") == (1, 1_000_000)
+    assert sorted(asked) == ["a.valid", "b.valid"] and ingest._shapes.retry_at is None
+    assert ingest._shapes.shape("b.valid") == (1, 1_000_000)
     asked.clear()
     del ingest.streams["a"]
     ingest._learn_valid_shapes()
-    assert asked == [] and ingest._valid_topic_shape("a.valid") == (0, 0)
+    assert asked == [] and ingest._shapes.shape("a.valid") == (0, 0)

@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import time
 
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, Message, TopicPartition
 
-from shared.kafka import close_consumer, consume_batch
+from shared import constants
+from shared.kafka import (
+    close_consumer,
+    consume_batch,
+    dead_letter_headers,
+    dead_letter_headers_of,
+    partition_names,
+)
 
 
 def test_close_consumer_returns_true_when_close_returns() -> None:
@@ -70,3 +77,20 @@ def test_consume_batch_lingers_until_not_before_but_never_holds_a_full_batch() -
     full = _FakeConsumer(fetched=10, arriving=0)
     assert len(consume_batch(full, 10, 0.2, 0.005, not_before=not_before)) == 10  # type: ignore[arg-type]
     assert full.calls == [(10, 0)]  # a full batch goes at once
+
+
+def test_a_dead_letter_carries_the_record_headers_then_why_and_where_it_came_from() -> None:
+    m = Message(topic="t", partition=2, offset=7, value=b"v", headers=[("h", b"x")])
+    headers = dict(dead_letter_headers_of(m, "invalid_json", "not JSON " * 1_000, "ingest"))
+    assert headers["h"] == b"x"
+    assert headers[constants.HDR_ERROR_CLASS] == b"invalid_json"
+    assert len(headers[constants.HDR_ERROR_MESSAGE] or b"") == 4_000
+    assert (headers[constants.HDR_SOURCE_TOPIC], headers[constants.HDR_SOURCE_PARTITION]) == (b"t", b"2")
+    assert (headers[constants.HDR_SOURCE_OFFSET], headers[constants.HDR_SERVICE]) == (b"7", b"ingest")
+    never_consumed = dict(dead_letter_headers("t", -1, -1, "too_large", "why", "ingest-http"))
+    assert never_consumed[constants.HDR_SOURCE_OFFSET] == b"-1" and "h" not in never_consumed
+
+
+def test_partition_names_are_for_log_lines() -> None:
+    assert partition_names([TopicPartition("a", 0), TopicPartition("b", 3)]) == "a[0], b[3]"
+    assert partition_names([]) == "nothing"

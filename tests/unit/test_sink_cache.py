@@ -7,7 +7,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.sink.app import parse_update
 from services.sink.cache import (
     BYTES_PER_SERIALIZED_BYTE,
     ENTRY_OVERHEAD_BYTES,
@@ -15,6 +14,7 @@ from services.sink.cache import (
     RecordCache,
     entry_size,
 )
+from services.sink.writer import parse_update
 from shared.records import WindowResult
 
 

@@ -15,7 +15,7 @@ from opentelemetry import trace
 from pydantic import ValidationError
 
 from services.ingest.__main__ import IngestService
-from services.ingest.app import Ingest
+from services.ingest.consumer import Ingest
 from services.ingest.errors import FatalKafkaError
 from services.ingest.settings import IngestSettings
 from shared.watchdog import CALM_S, CallWatchdog, restart_backoff_s
@@ -154,6 +154,6 @@ class RevokingFatalConsumer:
 def test_a_fatal_consumer_error_is_raised_even_from_a_batch_a_rebalance_drops() -> None:
     ingest = Ingest(IngestSettings(grpc_port=1), [])
     ingest._consumer = RevokingFatalConsumer(ingest)  # type: ignore[assignment]
-    ingest._producer = object()  # type: ignore[assignment]
+    ingest._pipeline = object()  # type: ignore[assignment]
     with pytest.raises(FatalKafkaError, match="fenced"):
         ingest.run_once()

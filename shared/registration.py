@@ -1,21 +1,11 @@
-"""Client side of control's gRPC Registry: register at start, heartbeat with load, deregister at stop.
+"""The client side of control's gRPC Registry: register at start, heartbeat with load, deregister at stop.
 
-Every ingest, processor and sink instance runs one ``Registration``. Two lines in a service's main():
-
-    registration = start_registration(settings, "processor", grpc_port=settings.grpc_port,
-                                      metrics_port=settings.metrics_port, jobs=processor.job_statuses)
-    ...
-    registration.stop()   # on shutdown: deregisters, so control reschedules at once
-
-It never blocks or fails the service: registration and heartbeats run on a daemon thread, retry with
-backoff while control is away, and register again when a heartbeat answers ``known=false`` (control
-lost track of the instance, e.g. it was marked lost during a long pause). With no
-``SF_CONTROL_GRPC_TARGET`` set it does nothing.
-
-A processor passes ``jobs``: a callable returning the ``JobStatus`` messages of the jobs it runs (as
-its ListJobs answers); control updates job states and metrics from them. Load (CPU, resident memory of
-the process and its children such as a PySpark JVM, records/s from ``records_processed_total``) is
-measured here.
+Every ingest, processor and sink instance runs one ``Registration`` (``start_registration``). It never
+blocks or fails the service: a daemon thread retries with backoff while control is away and registers
+again when a heartbeat answers ``known=false``; with no ``SF_CONTROL_GRPC_TARGET`` it does nothing. A
+processor passes ``jobs`` (the ``JobStatus`` of the jobs it runs), from which control updates job states.
+Load (CPU and memory of the process and its children, such as a PySpark JVM, and records/s) is measured
+here (``LoadMeter``).
 """
 
 from __future__ import annotations
@@ -119,7 +109,7 @@ def _children(pid: int) -> list[int] | None:
     """Child pids of every thread of ``pid`` ([] once it is gone); None where the kernel lacks the file.
 
     Reading each thread's ``children`` costs a few files per process of the family; the fallback reads
-    every process's stat on the machine (~12 ms with 70 processes, each heartbeat, in every service).
+    every process's stat on the machine, at each heartbeat, in every service.
     """
     children: list[int] = []
     try:
@@ -222,7 +212,7 @@ class Registration:
         if not self.enabled or self._thread is not None:
             return self
         self._channel = open_channel(self.target, self.tls, expected="control")
-        self._thread = threading.Thread(target=self._run, name=f"registry-{self.service}", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"registration-{self.service}", daemon=True)
         self._thread.start()
         return self
 

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from shared import registry
-from shared.registry import LoadMeter
+from shared import registration
+from shared.registration import LoadMeter
 
 # A child that starts a grandchild which burns CPU, then both wait to be killed.
 BURN = "import time\nend = time.time() + 1.5\nwhile time.time() < end: pass\ntime.sleep(600)"
@@ -31,7 +31,7 @@ def family() -> Iterator[subprocess.Popen[str]]:
     try:
         yield child
     finally:
-        for pid in registry._children(child.pid) or []:
+        for pid in registration._children(child.pid) or []:
             os.kill(pid, 9)
         child.kill()
         child.wait()
@@ -40,7 +40,7 @@ def family() -> Iterator[subprocess.Popen[str]]:
 def _grandchildren(child: int) -> list[int]:
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        found = registry._children(child)
+        found = registration._children(child)
         if found:
             return found
         time.sleep(0.02)
@@ -55,7 +55,7 @@ def test_the_family_is_this_process_its_children_and_theirs(family: subprocess.P
     assert family.pid in pids
     assert set(grandchildren) <= set(pids)
     # The same family as a scan of every process's parent (the fallback) finds.
-    assert sorted(pids) == sorted(registry._family(registry._children_by_scan()) or [])
+    assert sorted(pids) == sorted(registration._family(registration._children_by_scan()) or [])
 
 
 def test_cpu_and_memory_of_descendants_count(family: subprocess.Popen[str]) -> None:
@@ -72,6 +72,6 @@ def test_a_kernel_without_children_files_falls_back_to_a_scan(
     family: subprocess.Popen[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     grandchildren = _grandchildren(family.pid)
-    monkeypatch.setattr(registry, "_children", lambda pid: None)
+    monkeypatch.setattr(registration, "_children", lambda pid: None)
     pids = LoadMeter("test")._pids()
     assert family.pid in pids and set(grandchildren) <= set(pids)

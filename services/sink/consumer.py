@@ -1,18 +1,11 @@
-"""The sink loop: read window updates into a KIP-63 record cache, write them to Redis, then commit.
+"""The sink consumer: window updates read into a record cache, written to Redis, then committed.
 
-- Every update goes through the record cache (services.sink.cache): the newest version per window is
-  kept, the least recently updated entries are written when the cache outgrows its byte budget.
-- Every ``commit_interval_ms`` the whole cache is written (one pipeline) and only then are the offsets
-  of everything read so far committed. With ``write_when_caught_up`` the cache is also written as soon
-  as a batch took everything there was to read: under load (full batches) it folds updates for up to
-  the interval as KIP-63 does; a trickle goes to Redis within the batch linger instead.
-  A committed offset is therefore never past an unwritten update: a crash replays from the last
-  commit, and the version check in Redis turns replays into no-ops.
-- Redis down or slow: consumption is paused (the group membership is kept, the consumer keeps polling),
-  the write is retried with exponential backoff, nothing is skipped; consumption resumes once it works.
-- Partitions revoked in a rebalance: the cache is written and the offsets committed before they go. If
-  Redis is down then, the revoked partitions' unwritten updates are dropped uncommitted instead: their
-  next owner reads them again from the last commit (safe for the same reason replays are).
+Every ``commit_interval_ms`` the cache is written and only then are the offsets of everything read so
+far committed, so a committed offset is never past an unwritten update: a crash replays from the last
+commit and Redis's version check makes the replay a no-op. With ``write_when_caught_up`` a batch that
+took all there was is written at once (offsets still committed per interval). While Redis fails,
+consumption is paused (the group membership kept) and the write retried with backoff. Partitions
+revoked are written and committed first; if Redis is down then, their updates are left to the next owner.
 """
 
 from __future__ import annotations
@@ -20,63 +13,45 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Callable
-from contextlib import ExitStack
 
 import redis
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 from opentelemetry import trace
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from services.sink import metrics as m
-from services.sink.cache import CacheEntry, RecordCache, TopicPartitionKey, entry_size
+from services.sink.cache import CacheEntry, TopicPartitionKey, entry_size
+from services.sink.deadletters import SERVICE, DeadLetters
 from services.sink.errors import DeadLetterError, SinkError
+from services.sink.flush import CacheFlusher
 from services.sink.settings import SinkSettings
-from services.sink.store import ResultStore
-from services.sink.tracing import redis_write_span
+from services.sink.writer import ResultWriter, parse_update
 from shared import constants
-from shared.clock import wall_clock_ms
 from shared.jobspec import JobSpec
 from shared.kafka import (
     close_consumer,
     consume_batch,
     consumer_config,
     coordinates,
-    dead_letter_headers,
     ensure_topics,
     is_record,
+    partition_names,
 )
-from shared.metrics import DLQ_EVENTS, PROCESSING_LATENCY, RECORDS_PROCESSED
-from shared.records import RESERVED_FIELDS, WindowResult
+from shared.metrics import PROCESSING_LATENCY, RECORDS_PROCESSED
 from shared.settings import redacted_url
 from shared.tracing import sampled_traceparent
 
 log = logging.getLogger(__name__)
-SERVICE = "sink"
 
-__all__ = ["Sink", "SinkError", "parse_update"]
-
-
-# Redis's Lua compares versions as doubles: exact only below 2**53 (the processor stays below it).
-MAX_VERSION = 2**53 - 1
-
-
-def parse_update(value: bytes) -> WindowResult:
-    """A record of the aggregates topic -> WindowResult; ValueError says why it is unusable."""
-    result = WindowResult.from_json(value)
-    if not 0 <= result.version <= MAX_VERSION:
-        raise ValueError(
-            f"version {result.version} is outside 0..2**53-1 (Redis compares versions as doubles)"
-        )
-    if not RESERVED_FIELDS.isdisjoint(result.aggregates):  # no set built per update
-        clash = sorted(RESERVED_FIELDS.intersection(result.aggregates))
-        raise ValueError(f"aggregate name(s) {clash} clash with the window hash's own fields")
-    return result
+__all__ = ["Sink", "SinkError"]
 
 
 class Sink:
+    """One sink replica: start(), then run() (or run_once() per batch) until stop(), then close()."""
+
     def __init__(
         self,
         settings: SinkSettings,
@@ -88,7 +63,7 @@ class Sink:
         self._tracer = tracer if tracer is not None else trace.get_tracer("streamforge.sink")
         self._stop = threading.Event()
         self._consumer: Consumer | None = None
-        self._producer: Producer | None = None
+        self._dead_letters = DeadLetters()
         timeout_s = settings.redis_socket_timeout_ms / 1000
         client = redis.Redis.from_url(
             settings.redis_url,
@@ -97,10 +72,10 @@ class Sink:
             # Our own loop retries (with backoff and paused consumption); the client must not hide outages.
             retry=Retry(NoBackoff(), 0),
         )
-        self.store = ResultStore(client, settings.window_ttl_ms)
-        self.cache = RecordCache(settings.cache_max_bytes_buffering)
-        # Evicted from the cache, not yet accepted by Redis (written before anything else).
-        self._evicted: list[CacheEntry] = []
+        writer = ResultWriter(client, settings.window_ttl_ms)
+        self._flusher = CacheFlusher(
+            writer, settings.cache_max_bytes_buffering, self._tracer, self._dead_letters.refused
+        )
         # Offset to commit per partition: one past the last record read since the last commit.
         self._positions: dict[TopicPartitionKey, int] = {}
         self._last_commit = clock()
@@ -108,9 +83,8 @@ class Sink:
         self._pause_assignment = False
         self._retry_at = 0.0
         self._backoff_ms = settings.redis_retry_initial_backoff_ms
-        self._dlq_failures: list[str] = []
-        self.received: Counter[str] = Counter()
-        self.written: Counter[str] = Counter()
+        self.received = self._flusher.received  # updates read per job
+        self.written = self._flusher.written  # windows written per job
         self._topics = sorted(set(settings.topics))
         # Set by apply_streams (gRPC thread), subscribed to by the loop (the consumer's own thread).
         self._wanted_topics: list[str] | None = None
@@ -120,15 +94,12 @@ class Sink:
     def start(self) -> None:
         s = self.settings
         try:
-            self.store.load_function()
+            self._flusher.writer.load_function()
         except redis.RedisError as e:
             # Not fatal: the first write loads it, and until Redis answers consumption stays paused.
             log.warning("redis not reachable at start (%s); writes wait for it", e)
         self._ensure_topics(self._topics)
-        self._producer = Producer(
-            {"bootstrap.servers": s.kafka_bootstrap, "enable.idempotence": True, "linger.ms": 5},
-            logger=logging.getLogger("librdkafka.producer"),
-        )
+        self._dead_letters.open(s.kafka_bootstrap)
         self._consumer = Consumer(
             consumer_config(s.kafka_bootstrap, s.group_id, **{"session.timeout.ms": s.session_timeout_ms}),
             logger=logging.getLogger("librdkafka.consumer"),
@@ -190,7 +161,7 @@ class Sink:
     @property
     def unwritten(self) -> int:
         """Updates read but not yet accepted by Redis (cached or evicted)."""
-        return len(self.cache) + len(self._evicted)
+        return len(self._flusher)
 
     @property
     def uncommitted(self) -> dict[TopicPartitionKey, int]:
@@ -224,15 +195,13 @@ class Sink:
                     time.sleep(self._next_backoff_s())
             close_consumer(self._consumer)
             self._consumer = None
-        if self._producer is not None:
-            self._producer.flush(self.settings.dlq_flush_timeout_ms / 1000)
-            self._producer = None
+        self._dead_letters.close(self.settings.dlq_flush_timeout_ms / 1000)
 
     # --- the loop -------------------------------------------------------------------------------
     def run_once(self) -> int:
         """Read one batch into the cache, then write what has to go; returns the records read."""
         consumer = self._consumer
-        assert consumer is not None and self._producer is not None, "start() first"
+        assert consumer is not None, "start() first"
         s = self.settings
         with self._topics_lock:
             wanted, self._wanted_topics = self._wanted_topics, None
@@ -243,7 +212,7 @@ class Sink:
         wait_s = s.batch_max_wait_ms / 1000
         if self._paused:
             wait_s = min(wait_s, max(0.0, self._retry_at - self._clock()))
-        elif self.cache or self._evicted:  # an idle wait must not hold back the next flush
+        elif self.unwritten:  # an idle wait must not hold back the next flush
             due_s = self._last_commit + s.commit_interval_ms / 1000 - self._clock()
             wait_s = min(wait_s, max(0.0, due_s))
         # While paused this returns nothing but keeps the group membership (max.poll.interval.ms).
@@ -251,21 +220,18 @@ class Sink:
         records = [msg for msg in msgs if is_record(msg)]
         started = time.perf_counter()
         jobs = self._absorb(records)
-        self._producer.poll(0)
-        if self._dlq_failures:
-            raise DeadLetterError(f"dead-letter delivery failed: {self._dlq_failures[0]}")
+        self._dead_letters.poll()
+        self._dead_letters.check()
         if self._paused and self._clock() < self._retry_at:
             return len(records)
         try:
-            if self._evicted:
-                self._write(self._evicted, "eviction")
-                self._evicted = []
+            self._flusher.write_evicted("eviction")
             if self._clock() - self._last_commit >= s.commit_interval_ms / 1000:
                 self._flush_and_commit("commit")
-            elif s.write_when_caught_up and len(msgs) < s.batch_max_records and self.cache:
+            elif s.write_when_caught_up and len(msgs) < s.batch_max_records and self._flusher.cache:
                 # Caught up (this batch took all there was): nothing more to fold for now, so the
                 # cache goes to Redis at once; the offsets are still committed per interval.
-                self._write_cache("caught_up")
+                self._flusher.write_cache("caught_up")
         except redis.RedisError as e:
             self._on_redis_failure(e)
             return len(records)
@@ -286,19 +252,19 @@ class Sink:
             try:
                 result = parse_update(value)
             except ValueError as e:  # MalformedResult, or a value parse_update refuses
-                self._dead_letter(msg, type(e).__name__, str(e))
+                self._dead_letters.unreadable(msg, type(e).__name__, str(e))
                 continue
             per_job[result.job_id] += 1
             headers = msg.headers()  # a consumed record's headers are a list (or None)
             traceparent = sampled_traceparent(headers) if isinstance(headers, list) else None
             entry = CacheEntry(result, entry_size(value), topic, partition, offset, traceparent)
-            self._evicted += self.cache.put(entry)
+            self._flusher.put(entry)
         for job, n in per_job.items():
             m.UPDATES_RECEIVED.labels(job).inc(n)
             RECORDS_PROCESSED.labels(SERVICE, job).inc(n)
             self.received[job] += n
-        m.CACHE_BYTES.set(self.cache.bytes)
-        m.CACHE_ENTRIES.set(len(self.cache))
+        m.CACHE_BYTES.set(self._flusher.cache.bytes)
+        m.CACHE_ENTRIES.set(len(self._flusher.cache))
         return set(per_job)
 
     def _flush_and_commit(self, reason: str) -> None:
@@ -307,18 +273,14 @@ class Sink:
         Raises redis.RedisError with the cache intact (nothing lost, nothing committed).
         """
         consumer = self._consumer
-        assert consumer is not None and self._producer is not None
-        if self._evicted:
-            self._write(self._evicted, reason)
-            self._evicted = []
-        self._write_cache(reason)
+        assert consumer is not None
+        self._flusher.write_all(reason)
         self._last_commit = self._clock()
         if not self._positions:
             return
         # Dead letters must be in Kafka before the offsets of their records are committed.
-        undelivered = self._producer.flush(self.settings.dlq_flush_timeout_ms / 1000)
-        if self._dlq_failures:
-            raise DeadLetterError(f"dead-letter delivery failed: {self._dlq_failures[0]}")
+        undelivered = self._dead_letters.flush(self.settings.dlq_flush_timeout_ms / 1000)
+        self._dead_letters.check()
         if undelivered:
             log.warning("%d dead letter(s) not yet delivered; commit postponed", undelivered)
             return
@@ -330,34 +292,6 @@ class Sink:
             log.warning("offset commit failed (%s); retried at the next commit", e)
             return
         self._positions.clear()
-
-    def _write_cache(self, reason: str) -> None:
-        """Write every cached update, then empty the cache (on a Redis error it stays as it was)."""
-        if self.cache:
-            self._write(list(self.cache), reason)
-        self.cache.drain()
-        m.CACHE_BYTES.set(0)
-        m.CACHE_ENTRIES.set(0)
-
-    def _write(self, entries: list[CacheEntry], reason: str) -> None:
-        by_job: defaultdict[str, list[CacheEntry]] = defaultdict(list)
-        for e in entries:
-            by_job[e.result.job_id].append(e)
-        # One pipeline for every job; each job's span joins the traces of its sampled updates.
-        with ExitStack() as spans:
-            for job, of_job in by_job.items():
-                traceparents = [e.traceparent for e in of_job if e.traceparent]
-                spans.enter_context(redis_write_span(self._tracer, traceparents, job, windows=len(of_job)))
-            outcome = self.store.write([e.result for e in entries])
-        m.FLUSHES.labels(reason).inc()
-        for job, of_job in by_job.items():
-            m.REDIS_WRITES.labels(job).inc(len(of_job))
-            self.written[job] += len(of_job)
-            m.WRITE_REDUCTION_RATIO.labels(job).set(self.received[job] / self.written[job])
-        for job, n in Counter(entries[i].result.job_id for i in outcome.stale).items():
-            m.STALE_UPDATES.labels(job).inc(n)
-        for index, error in outcome.rejected:
-            self._dead_letter_entry(entries[index], error)
 
     # --- Redis outages --------------------------------------------------------------------------
     def _next_backoff_s(self) -> float:
@@ -391,14 +325,14 @@ class Sink:
 
     # --- rebalances -----------------------------------------------------------------------------
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        log.info("assigned %s", _names(partitions))
+        log.info("assigned %s", partition_names(partitions))
         if self._paused:
             # Newly assigned partitions must wait for Redis too; paused on the next loop turn.
             self._pause_assignment = True
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Write and commit before the partitions go; if Redis fails, leave them to the next owner."""
-        log.info("revoked %s", _names(partitions))
+        log.info("revoked %s", partition_names(partitions))
         sources = {(p.topic, p.partition) for p in partitions}
         try:
             self._flush_and_commit("revocation")
@@ -413,10 +347,7 @@ class Sink:
         self._drop({(p.topic, p.partition) for p in partitions}, "partitions lost")
 
     def _drop(self, sources: set[TopicPartitionKey], why: object) -> None:
-        dropped = self.cache.drop_sources(sources)
-        kept = [e for e in self._evicted if e.source not in sources]
-        dropped += len(self._evicted) - len(kept)
-        self._evicted = kept
+        dropped = self._flusher.drop(sources)
         for source in sources:
             self._positions.pop(source, None)
         if dropped:
@@ -427,58 +358,3 @@ class Sink:
                 sorted(sources),
                 why,
             )
-
-    # --- dead letters ---------------------------------------------------------------------------
-    def _dead_letter(self, msg: Message, error_class: str, reason: str) -> None:
-        assert self._producer is not None
-        topic, partition, offset = coordinates(msg)
-        headers = dead_letter_headers(msg, error_class, reason, SERVICE)
-        self._produce_dead_letter(topic, msg.key(), msg.value(), headers)
-        DLQ_EVENTS.labels(SERVICE, "unknown", error_class).inc()
-        log.error("unreadable result at %s[%d]@%d: %s", topic, partition, offset, reason)
-
-    def _dead_letter_entry(self, entry: CacheEntry, error: str) -> None:
-        """An update Redis refused (e.g. its key holds another type): parked, never retried forever."""
-        r = entry.result
-        headers: list[tuple[str, str | bytes | None]] = [
-            (constants.HDR_ERROR_CLASS, b"RedisRefused"),
-            (constants.HDR_ERROR_MESSAGE, error[:4000].encode()),
-            (constants.HDR_SOURCE_TOPIC, entry.topic.encode()),
-            (constants.HDR_SOURCE_PARTITION, str(entry.partition).encode()),
-            (constants.HDR_SOURCE_OFFSET, str(entry.offset).encode()),
-            (constants.HDR_SERVICE, SERVICE.encode()),
-            (constants.HDR_ERROR_TIME_MS, str(wall_clock_ms()).encode()),
-        ]
-        key = f"{r.job_id}|{r.key}".encode()
-        self._produce_dead_letter(entry.topic, key, r.to_json(), headers)
-        DLQ_EVENTS.labels(SERVICE, r.job_id, "RedisRefused").inc()
-        log.error("redis refused window %s of %s: %s", r.identity, entry.topic, error)
-
-    def _produce_dead_letter(
-        self,
-        topic: str,
-        key: bytes | None,
-        value: bytes | None,
-        headers: list[tuple[str, str | bytes | None]],
-    ) -> None:
-        assert self._producer is not None
-        while True:
-            try:
-                self._producer.produce(
-                    constants.dlq_topic(topic),
-                    key=key,
-                    value=value,
-                    headers=headers,
-                    on_delivery=self._on_dlq_delivery,
-                )
-                return
-            except BufferError:
-                self._producer.poll(0.1)  # local queue full: let deliveries drain
-
-    def _on_dlq_delivery(self, err: KafkaError | None, msg: Message) -> None:
-        if err is not None:
-            self._dlq_failures.append(str(err))
-
-
-def _names(partitions: list[TopicPartition]) -> str:
-    return ", ".join(f"{p.topic}[{p.partition}]" for p in partitions) or "nothing"

@@ -1,22 +1,11 @@
-"""Redis writes: a server-side compare-and-set by version, many windows per call, one round trip per chunk.
+"""The sink's Redis writer: a compare-and-set by version on the server, many windows per call.
 
-Key layout (shared.constants): one hash per (job, key, window), a sorted-set index per (job, key) scored
-by window start, a set of the job's keys.
-
-The compare-and-set is a Redis Function (FUNCTION LOAD / FCALL) rather than an EVAL/EVALSHA script:
-- an FCALL is exactly one round trip, whereas redis-py sends SCRIPT EXISTS before every pipeline that
-  holds a Script (two round trips per flush);
-- Redis keeps functions with the data (AOF/RDB) and replicates them, so a restarted Redis still has it,
-  while the script cache is empty after a restart (NOSCRIPT). If the library is missing anyway (a
-  FUNCTION FLUSH, a fresh server), the store loads it again and retries.
-
-One FCALL carries a whole chunk of windows (``sf_sink_upsert_windows_v2``): per window, redis-py's
-pipeline cost ~15 µs of the sink's CPU for building, packing and parsing a command of its own, one
-command per chunk ~7 µs; Redis runs one function call instead of one per window. Each window's
-outcome comes back at its place: applied, stale, or the error Redis gave for its keys (a key of
-another type): the other windows of the chunk are written all the same. The per-window
-``sf_sink_upsert_window_v1`` stays in the library for sinks of the previous release during a
-rolling upgrade (both load the same library name).
+Key layout (shared.constants): a hash per (job, key, window), a sorted-set index per (job, key) scored
+by window start, a set of the job's keys. The compare-and-set is a Redis Function (FCALL): one round
+trip, and kept and replicated with the data, whereas a restart empties the script cache; if it is
+missing anyway, it is loaded again. Each window of a call is answered at its place (applied, stale, or
+Redis's error for its keys) and the others are written all the same. ``sf_sink_upsert_window_v1`` stays
+in the library for the previous release's sinks during a rolling upgrade.
 """
 
 from __future__ import annotations
@@ -29,8 +18,10 @@ import redis
 
 from shared import constants
 from shared.clock import wall_clock_ms
-from shared.records import WindowResult
+from shared.records import RESERVED_FIELDS, WindowResult
 
+# Redis's Lua compares versions as doubles: exact only below 2**53 (the processor stays below it).
+MAX_VERSION = 2**53 - 1
 LIBRARY = "streamforge_sink"
 # The version is part of the function name: a changed contract gets a new name, never a silent change.
 UPSERT_FUNCTION = "sf_sink_upsert_window_v1"
@@ -73,8 +64,7 @@ end
 -- hash exists only once its window is in both indexes. An update of a window whose hash exists writes
 -- only what can change (version, window_end: a session grows, final, updated_at_ms, the aggregates)
 -- and the expiries: its identity fields and index entries are there already. That is the common case
--- (a window is updated many times); it costs Redis about a third less per window
--- (tests/bench/bench_sink.py, redis_cpu_us_per_write: 13.9-14.5 -> 9.3-9.5 µs with the cache off).
+-- (a window is updated many times), and it costs Redis less per window.
 local function failed(reply)
   return type(reply) == 'table' and reply.err
 end
@@ -151,6 +141,19 @@ class WriteOutcome:
     rejected: list[tuple[int, str]] = field(default_factory=list)
 
 
+def parse_update(value: bytes) -> WindowResult:
+    """A record of the aggregates topic -> WindowResult; ValueError says why it is unusable."""
+    result = WindowResult.from_json(value)
+    if not 0 <= result.version <= MAX_VERSION:
+        raise ValueError(
+            f"version {result.version} is outside 0..2**53-1 (Redis compares versions as doubles)"
+        )
+    if not RESERVED_FIELDS.isdisjoint(result.aggregates):  # no set built per update
+        clash = sorted(RESERVED_FIELDS.intersection(result.aggregates))
+        raise ValueError(f"aggregate name(s) {clash} clash with the window hash's own fields")
+    return result
+
+
 def _missing_function(error: redis.ResponseError) -> bool:
     return "function not found" in str(error).lower()
 
@@ -160,14 +163,15 @@ def _refused_data(error: Exception) -> bool:
     return isinstance(error, redis.ResponseError) and str(error).startswith("WRONGTYPE")
 
 
-# Windows per FCALL: a whole cache (tens of thousands of windows) at once made redis-py hold every
-# packed command and reply at once (a 260 MB peak for 19k windows); chunks of this size keep a flush's
-# memory to a few MB at the cost of one round trip per chunk (~1 ms on loopback), and keep each call
-# short for Redis's other clients (~2-3 ms of Redis time per 500 windows).
+# Windows per FCALL: a whole cache in one call made redis-py hold every packed command and reply in
+# memory at once; chunks bound a flush's memory at one round trip each, and keep each call short for
+# Redis's other clients.
 PIPELINE_CHUNK = 500
 
 
-class ResultStore:
+class ResultWriter:
+    """Writes window results to Redis, each only if it is newer than the version Redis holds."""
+
     def __init__(self, client: redis.Redis, window_ttl_ms: int = 0, chunk: int = PIPELINE_CHUNK) -> None:
         self.client = client
         self.window_ttl_ms = window_ttl_ms
