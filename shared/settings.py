@@ -3,19 +3,25 @@
 Shared values come from ``SF_*`` variables (``SF_KAFKA_BOOTSTRAP``, ``SF_REDIS_URL``, ...) so one
 environment configures the whole platform; a service's own values come from its prefix
 (``SF_INGEST_*``, ``SF_PROCESSOR_*``, ...). Settings are built in ``main()``, never at import.
+
+A setting is what an operator changes: addresses, ports, credentials, sizes, profiles. Internal
+tuning is a service's ``Tuning`` dataclass of named constants, chosen by the profile; tests and
+benchmarks may replace some through ``SF_<SERVICE>_TUNING`` (JSON), which is not a supported setting.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from typing import Any, ClassVar, Literal, Self
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import AliasChoices, Field, model_validator
+from pydantic import AliasChoices, Field, TypeAdapter, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 TracingExporter = Literal["zipkin", "console", "none"]
-# latency: each stage hands records on within milliseconds (the defaults; README "Latency budget").
+# latency: each stage hands records on within milliseconds (the defaults).
 # throughput: stages linger and commit less often, for bulk loads and backfills.
 Profile = Literal["latency", "throughput"]
 
@@ -30,48 +36,115 @@ def redacted_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-def _shared(name: str) -> AliasChoices:
-    # A shared field is read from SF_<NAME> whatever the subclass's prefix, and by its own name in code.
+def shared_name(name: str) -> AliasChoices:
+    """A field read from SF_<NAME> whatever the subclass's prefix, and by its own name in code."""
     return AliasChoices(f"SF_{name.upper()}", name)
+
+
+def tuning_field(prefix: str) -> Any:
+    """The field that holds a service's tuning overrides, read from ``<prefix>TUNING``."""
+    return Field(
+        default_factory=dict,
+        validation_alias=AliasChoices(f"{prefix}TUNING", "tuning_overrides"),
+        description="internal: tuning overrides for tests and benchmarks",
+        json_schema_extra={"internal": True},
+    )
 
 
 class BaseServiceSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SF_", extra="ignore", populate_by_name=True)
 
-    # SF_PROFILE: the defaults a service's THROUGHPUT table changes (a value set explicitly wins).
-    profile: Profile = Field("latency", validation_alias=_shared("profile"))
-    THROUGHPUT: ClassVar[dict[str, Any]] = {}
+    # A service with internal tuning names its Tuning dataclass's instance per profile.
+    TUNING: ClassVar[dict[str, Any]] = {}
 
-    kafka_bootstrap: str = Field("127.0.0.1:9092", validation_alias=_shared("kafka_bootstrap"))
-    redis_url: str = Field("redis://127.0.0.1:6379/0", validation_alias=_shared("redis_url"))
-    log_level: LogLevel = Field("INFO", validation_alias=_shared("log_level"))
-    # Where services keep local state (checkpoints, ...) unless told otherwise.
-    data_dir: str = Field(".run/data", validation_alias=_shared("data_dir"))
-    topic_partitions: int = Field(2, ge=1, validation_alias=_shared("topic_partitions"))
-    # Where control's gRPC Registry listens; services register and heartbeat there (empty: don't).
-    control_grpc_target: str = Field("", validation_alias=_shared("control_grpc_target"))
-    # Mutual TLS of every gRPC call (shared/tls.py): the directory with ca.crt and this service's
-    # <service>.crt/.key (infra/pki.py makes them). Without it a service refuses to start, unless
-    # grpc_insecure says plaintext is meant (experiments on one machine only).
-    tls_dir: str = Field("", validation_alias=_shared("tls_dir"))
-    grpc_insecure: bool = Field(False, validation_alias=_shared("grpc_insecure"))
-    # Tracing (shared.tracing): where spans go and which share of new traces is kept. The service
-    # name is the caller's. "none" turns exporting off; "console" prints spans (debugging only).
-    tracing_exporter: TracingExporter = Field("none", validation_alias=_shared("tracing_exporter"))
-    tracing_endpoint: str = Field(
-        "http://127.0.0.1:9411/api/v2/spans", validation_alias=_shared("tracing_endpoint")
+    profile: Profile = Field(
+        "latency",
+        validation_alias=shared_name("profile"),
+        description="`latency` (hand records on within milliseconds) or `throughput` (bigger batches, "
+        "fewer commits: bulk loads and backfills)",
     )
-    # Share of new traces (events entering at ingest, API requests) that are recorded; children
-    # follow their parent's decision, so a sampled event is traced through every service. A traced
-    # record costs ingest 15-40 untraced ones (tests/bench/bench_tracing.py): 0.001 keeps it to a few %.
+    kafka_bootstrap: str = Field(
+        "127.0.0.1:9092",
+        validation_alias=shared_name("kafka_bootstrap"),
+        description="Kafka bootstrap servers",
+    )
+    redis_url: str = Field(
+        "redis://127.0.0.1:6379/0",
+        validation_alias=shared_name("redis_url"),
+        description="Redis URL, with the service's user and password",
+    )
+    log_level: LogLevel = Field("INFO", validation_alias=shared_name("log_level"), description="log level")
+    data_dir: str = Field(
+        ".run/data",
+        validation_alias=shared_name("data_dir"),
+        description="where services keep local state (checkpoints, savepoints, the processor's ledger)",
+    )
+    topic_partitions: int = Field(
+        2,
+        ge=1,
+        validation_alias=shared_name("topic_partitions"),
+        description="partitions of the topics the platform creates",
+    )
+    kafka_session_timeout_ms: int = Field(
+        10_000,
+        ge=1_000,
+        validation_alias=shared_name("kafka_session_timeout_ms"),
+        description="how long a consumer that died without leaving its group keeps its partitions",
+    )
+    bind_host: str = Field(
+        "127.0.0.1",
+        validation_alias=shared_name("bind_host"),
+        description="the address the service's gRPC and HTTP servers listen on (`0.0.0.0` in containers)",
+    )
+    control_grpc_target: str = Field(
+        "",
+        validation_alias=shared_name("control_grpc_target"),
+        description="control's gRPC Registry, where services register and heartbeat (empty: they don't)",
+    )
+    tls_dir: str = Field(
+        "",
+        validation_alias=shared_name("tls_dir"),
+        description="mutual TLS of every gRPC call: the directory with `ca.crt` and the service's "
+        "`<service>.crt`/`.key`; without it a service refuses to start unless `grpc_insecure`",
+    )
+    grpc_insecure: bool = Field(
+        False,
+        validation_alias=shared_name("grpc_insecure"),
+        description="plaintext gRPC (experiments on one machine only)",
+    )
+    tracing_exporter: TracingExporter = Field(
+        "none", validation_alias=shared_name("tracing_exporter"), description="where spans go"
+    )
+    tracing_endpoint: str = Field(
+        "http://127.0.0.1:9411/api/v2/spans",
+        validation_alias=shared_name("tracing_endpoint"),
+        description="Zipkin's span endpoint",
+    )
     tracing_sample_ratio: float = Field(
-        0.001, ge=0.0, le=1.0, validation_alias=_shared("tracing_sample_ratio")
+        0.001,
+        ge=0.0,
+        le=1.0,
+        validation_alias=shared_name("tracing_sample_ratio"),
+        description="share of new traces recorded; children follow their parent's decision",
     )
 
     @model_validator(mode="after")
-    def _apply_profile(self) -> Self:
-        if self.profile == "throughput":
-            for name, value in self.THROUGHPUT.items():
-                if name not in self.model_fields_set:
-                    object.__setattr__(self, name, value)
+    def _check_tuning(self) -> Self:
+        if self.TUNING:
+            self.tuning  # noqa: B018  # fail fast on a bad override, at start-up
         return self
+
+    @functools.cached_property
+    def tuning(self) -> Any:
+        """The service's Tuning for its profile, with the overrides applied (a frozen dataclass)."""
+        base = self.TUNING[self.profile]
+        overrides: dict[str, Any] = getattr(self, "tuning_overrides", {})
+        if not overrides:
+            return base
+        known = {f.name for f in dataclasses.fields(base)}
+        if unknown := sorted(set(overrides) - known):
+            raise ValueError(f"unknown tuning {unknown}; known: {sorted(known)}")
+        try:
+            return TypeAdapter(type(base)).validate_python({**dataclasses.asdict(base), **overrides})
+        except ValidationError as e:
+            raise ValueError(f"bad tuning override: {e}") from None

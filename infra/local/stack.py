@@ -135,9 +135,6 @@ def ingest_token(cfg: StackConfig) -> str:
 # warmup/): the first burst it meets then runs on code the JIT has compiled. One given spec files
 # starts their jobs at once instead. The time bounds all of the warm-up, the backlog's write included.
 PROCESSOR_WARMUP_S = 30
-# A processor with no job, once registered, warms up this long on the shape of each job control runs
-# (services/processor/warmup/shapes.py), so that a job it takes over finds its code compiled.
-SHAPE_WARMUP_S = 30
 
 
 def service_env(cfg: StackConfig) -> dict[str, str]:
@@ -156,7 +153,6 @@ def service_env(cfg: StackConfig) -> dict[str, str]:
         **{f"SF_PROCESSOR_{k.upper()}": v for k, v in processor_jvm_settings().items()},
         "SF_PROCESSOR_SPARK_UI_PORT": str(cfg.spark_ui_port),
         "SF_PROCESSOR_WARMUP_S": str(PROCESSOR_WARMUP_S),
-        "SF_PROCESSOR_SHAPE_WARMUP_S": str(SHAPE_WARMUP_S),
         "SF_PROCESSOR_METRICS_PORT": str(processor_port),
         "SF_SINK_METRICS_PORT": str(sink_port),
         "SF_CONTROL_PORT": str(cfg.control_port),

@@ -346,7 +346,7 @@ def _where(progress: dict[str, Any]) -> str:
 
 def _removed(operator: dict[str, Any]) -> str:
     """The state rows a stateful operator removed in a batch, and how many of them as rows arrived
-    (incremental clean-up, settings.state_cleanup_per_row) rather than at the batch's end."""
+    (incremental clean-up, ProcessorTuning.state_cleanup_per_row) rather than at the batch's end."""
     removed = operator.get("numRowsRemoved", "?")
     custom = operator.get("customMetrics") or {}
     if "numRowsIncrementallyRemoved" not in custom:

@@ -36,7 +36,7 @@ def warmup_seconds(settings: ProcessorSettings, yielded: bool) -> float:
     """How long a processor that starts with nothing to run warms up before it registers: its
     ``warmup_s`` (a standby's), or ``taken_over_warmup_s`` when longer if it came back to find every
     job it ran taken over (``yielded``): a standby now, however it was configured."""
-    return max(settings.warmup_s, settings.taken_over_warmup_s if yielded else 0)
+    return max(settings.warmup_s, settings.tuning.taken_over_warmup_s if yielded else 0)
 
 
 class Processor:
@@ -97,7 +97,7 @@ class Processor:
         Here nothing would run anyway, so it waits, and starts at once when one of the jobs is free
         again (its holder died), to resume it. True when every job was held (waited or not).
         """
-        delay = self.settings.taken_over_delay_s
+        delay = self.settings.tuning.taken_over_delay_s
         leases = resume_holders(self.settings)
         if not leases or None in leases.values():
             return False

@@ -107,7 +107,7 @@ class ExecCounter:
 
 
 def main() -> dict[str, Any]:
-    settings = ProcessorSettings(spark_ui_enabled=False, **processor_jvm_settings())  # the processor's JVM
+    settings = ProcessorSettings(spark_ui_port=0, **processor_jvm_settings())  # the processor's JVM
     spark = build_spark(settings, [str(p) for p in spark_kafka_jars()])
     root = Path(tempfile.mkdtemp(prefix="sf-bench-checkpoints-"))
     runs: dict[str, list[dict[str, float | None]]] = {name: [] for name in MANAGERS}

@@ -1,7 +1,7 @@
 """What removing closed windows as rows arrive does to a real-time job's batch boundaries.
 
 `python -m tests.bench cleanup`. On the stack of tests/bench/stack.py, alternating ROUNDS times
-between Spark's own clean-up (SF_PROCESSOR_STATE_CLEANUP_PER_ROW=0: every window behind the watermark
+between Spark's own clean-up (state_cleanup_per_row 0: every window behind the watermark
 is found by a scan of the whole state at the batch's end, while nothing reads) and the processor's
 default (up to 4 removed per input row, as the batch's rows arrive). For each, the processor is
 restarted with that setting and Spark's event log (tests/bench/boundaries.py), and a fresh count-only
@@ -16,6 +16,7 @@ The processor is restarted with its defaults at the end.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Any
@@ -31,7 +32,7 @@ from tests.bench.markers import Load, MarkerWatch, percentiles_ms
 from tests.bench.probe import StageProbe
 from tests.bench.stack import Control, services_up
 
-FACTORS = (0, 4)  # SF_PROCESSOR_STATE_CLEANUP_PER_ROW: Spark's default, the processor's
+FACTORS = (0, 4)  # ProcessorTuning.state_cleanup_per_row: Spark's default, the processor's
 ROUNDS = 2
 KEYS, RATE = 100_000, 2_000
 WARMUP_S, MEASURE_S, TAIL_S = 60, 90, 5
@@ -43,7 +44,7 @@ def run_one(cfg: StackConfig, control: Control, factor: int) -> dict[str, Any]:
     restart_processor(
         cfg,
         {
-            "SF_PROCESSOR_STATE_CLEANUP_PER_ROW": str(factor),
+            "SF_PROCESSOR_TUNING": json.dumps({"state_cleanup_per_row": factor}),
             "SF_PROCESSOR_SPARK_CONF": boundaries.spark_conf_with_event_log(events),
         },
     )

@@ -10,7 +10,7 @@ on throughout. Three variants:
 - ``restart``: the stack's one processor; the restarted process resumes the job from its checkpoint
   by itself (its JVM and SparkSession start first);
 - ``restart_quick_jit``: as ``restart``, with the stack's processor started (before the job, and
-  again after the kill) with ``SF_PROCESSOR_JIT=quick``: its JVM compiles with C1 alone
+  again after the kill) with tuning ``jit=quick``: its JVM compiles with C1 alone
   (services/processor/README.md, JIT); the processor is started again as it was afterwards;
 - ``standby``: a second processor runs beside it (infra.local.stack.start_standby_processor, started after
   the job was placed; it ran a throwaway job of its own for 30 s before registering, see
@@ -41,6 +41,7 @@ Per variant:
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -77,7 +78,7 @@ STANDBY_VARIANTS = ("standby", "standby_again")
 # standby_again: once the first kill's restart is up, the processor that took the job over is killed.
 KILLS = {"standby_again": 2}
 # The stack processor's environment on top of the stack's, per variant.
-PROCESSOR_ENV = {"restart_quick_jit": {"SF_PROCESSOR_JIT": "quick"}}
+PROCESSOR_ENV = {"restart_quick_jit": {"SF_PROCESSOR_TUNING": json.dumps({"jit": "quick"})}}
 # Seconds before the killed process is started again (a supervisor's back-off); 0: at once, the
 # default. On 2 cores a JVM start competes with the takeover; a delay shows what that costs.
 RESTART_DELAY_S = float(os.environ.get("SF_BENCH_RECOVERY_RESTART_DELAY_S", "0"))
@@ -235,7 +236,7 @@ def figures(
     after = [f for t, f in freshness if f is not None and t >= since]
     restarted = procs.pid_of(kill.victim, cfg.run_dir)
     options = jvm_options(restarted) if restarted is not None else []
-    jit = JIT_OPTIONS[(env or {}).get("SF_PROCESSOR_JIT", "tiered")]
+    jit = JIT_OPTIONS[json.loads((env or {}).get("SF_PROCESSOR_TUNING", "{}")).get("jit", "tiered")]
     return {
         "killed": kill.victim,
         "threshold_s": round(kill.threshold, 2),

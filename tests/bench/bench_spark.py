@@ -152,8 +152,8 @@ def main() -> dict[str, Any]:
         spark_ui_port=cfg.spark_ui_port + 1,
         **processor_jvm_settings(),  # as the service starts its JVM
     )
-    out["max_offsets_per_trigger"] = settings.max_offsets_per_trigger
-    out["max_records_per_read_task"] = settings.max_records_per_read_task
+    out["max_offsets_per_trigger"] = settings.tuning.max_offsets_per_trigger
+    out["max_records_per_read_task"] = settings.tuning.max_records_per_read_task
     spark = build_spark(settings, [str(p) for p in spark_kafka_jars()])
     spark.sparkContext.setLogLevel("ERROR")
     try:
@@ -177,8 +177,8 @@ def main() -> dict[str, Any]:
                 cfg.bootstrap,
                 checkpoint,
                 EVENTS,
-                settings.max_offsets_per_trigger,
-                settings.max_records_per_read_task,
+                settings.tuning.max_offsets_per_trigger,
+                settings.tuning.max_records_per_read_task,
             )
             found = workload.problems(newest_windows(cfg.bootstrap, spec.output_topic), data.values, aggs)
             out[label] = {**result, "exact": not found, "problems": found}

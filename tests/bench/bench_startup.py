@@ -35,7 +35,7 @@ imported = time.monotonic()
 tmp = tempfile.mkdtemp()
 # The processor's class path (the archive was made with its local file system jar on it).
 settings = ProcessorSettings(
-    spark_ui_enabled=False, data_dir=tmp, class_archive=sys.argv[1], local_fs_jar=existing_local_fs_jar()
+    spark_ui_port=0, data_dir=tmp, class_archive=sys.argv[1], local_fs_jar=existing_local_fs_jar()
 )
 spark = build_spark(settings, [str(p) for p in spark_kafka_jars()])
 session = time.monotonic()

@@ -175,7 +175,7 @@ def run_once(spark: SparkSession, df: DataFrame, fmt: str, jvm: int) -> tuple[fl
 
 
 def main() -> dict[str, Any]:
-    settings = ProcessorSettings(spark_ui_enabled=False, **processor_jvm_settings())
+    settings = ProcessorSettings(spark_ui_port=0, **processor_jvm_settings())
     jars = [str(p) for p in (*spark_kafka_jars(), *spark_avro_jars())]
     spark = build_spark(settings, jars)
     spark.sparkContext.setLogLevel("ERROR")

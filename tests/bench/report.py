@@ -267,7 +267,7 @@ def _boundaries_md(part: Part) -> list[str]:
 
 VARIANT_LABELS = {
     "restart": "restarted in place (the stack's one processor)",
-    "restart_quick_jit": "restarted in place, quick JIT (`SF_PROCESSOR_JIT=quick`: C1 alone)",
+    "restart_quick_jit": "restarted in place, quick JIT (tuning `jit=quick`: C1 alone)",
     "standby": "a second processor takes over (control: connection closed)",
     "standby_again": "the second kill: then the processor that took over, once the first one's restart is up",
 }

@@ -25,7 +25,7 @@ from services.processor.spark.session import build_spark
 from services.processor.settings import ProcessorSettings
 archive, class_log = sys.argv[1], sys.argv[2]
 settings = ProcessorSettings(
-    spark_ui_enabled=False,
+    spark_ui_port=0,
     data_dir=sys.argv[3],
     class_archive=archive,
     local_fs_jar=existing_local_fs_jar(),

@@ -250,9 +250,9 @@ def _fallen_back_tasks(plan: Any) -> list[int]:
 def test_percentiles_of_a_thousand_groups_aggregate_by_hash_without_a_sort(spark: SparkSession) -> None:
     """percentile_approx keeps an object per group: Spark aggregates it in its object hash aggregate,
     which sorts what is left of its input once it holds more groups than a threshold (128 by
-    default). The processor raises it (settings.object_hash_agg_groups): a batch of 1,000 keys is
+    default). The processor raises it (ProcessorTuning.object_hash_agg_groups): a batch of 1,000 keys is
     aggregated by hash, in the partial and in the final aggregation."""
-    assert spark.conf.get(OBJECT_HASH_AGG_GROUPS) == str(ProcessorSettings().object_hash_agg_groups)
+    assert spark.conf.get(OBJECT_HASH_AGG_GROUPS) == str(ProcessorSettings().tuning.object_hash_agg_groups)
 
     def run() -> tuple[list[int], dict[int, int]]:
         df = (

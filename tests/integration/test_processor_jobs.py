@@ -92,7 +92,7 @@ def processor(
         data_dir=str(tmp_path / "data"),
         savepoint_roots=[str(tmp_path)],  # a test names savepoint directories of its own
         grpc_port=0,
-        job_restart_backoff_ms=100,
+        tuning_overrides={"job_restart_backoff_ms": 100},
     )
     listener = JobMetricsListener(setup_tracing("processor", settings, exporter=SPANS))
     spark.streams.addListener(listener)
@@ -428,15 +428,14 @@ def test_a_warm_up_runs_a_throwaway_job_and_leaves_nothing_behind(
     tmp_path: Path,
     unique: str,
 ) -> None:
-    """A standby's warm-up (services/processor/warmup.py): micro-batches of its own job over its own
+    """A standby's warm-up (services/processor/warmup/): micro-batches of its own job over its own
     topic, a backlog first, then its topics and checkpoint are gone and no job is left in Spark."""
     data = tmp_path / "data"
     settings = ProcessorSettings(
         kafka_bootstrap=kafka_bootstrap,
         data_dir=str(data),
         warmup_s=30,
-        warmup_backlog_events=30_000,
-        warmup_batch_records=100,
+        tuning_overrides={"warmup_backlog_events": 30_000, "warmup_batch_records": 100},
     )
     tag = unique.replace("_", "-")[:20]
     spec = warmup_spec(tag)
@@ -458,8 +457,8 @@ def test_a_warm_up_runs_a_throwaway_job_and_leaves_nothing_behind(
     # The whole backlog was read (packs of 200 events: 150 records), and events produced at 1,000 a
     # second after it, a record each; no batch read more than warmup_batch_records, and the backlog's
     # first one read that many.
-    assert warmed.records > settings.warmup_backlog_events // BACKLOG_PACK_EVENTS + 500
-    assert warmed.largest_batch == settings.warmup_batch_records
+    assert warmed.records > settings.tuning.warmup_backlog_events // BACKLOG_PACK_EVENTS + 500
+    assert warmed.largest_batch == settings.tuning.warmup_batch_records
     assert _full_collections(spark) > full_collections  # the heap the backlog grew, collected
     assert not [q for q in spark.streams.active if (q.name or "").startswith(spec.id)]
     # No task of its query still runs (it waited for them before removing their checkpoint): what
@@ -529,8 +528,8 @@ def _idle_warmer(
     settings = ProcessorSettings(
         kafka_bootstrap=bootstrap,
         data_dir=str(tmp_path / "data"),
-        shape_warmup_s=seconds,
-        shape_warmup_backlog_events=backlog,
+        warmup_s=seconds,
+        tuning_overrides={"shape_warmup_s": seconds, "shape_warmup_backlog_events": backlog},
     )
     return ShapeWarmer(session, settings, lambda: True, threading.RLock(), tmp_path / "scratch")
 
@@ -625,7 +624,7 @@ import sys
 from services.processor.spark.session import build_spark
 from services.processor.spark.scheduler import await_tasks, running_tasks
 from services.processor.settings import ProcessorSettings
-settings = ProcessorSettings(spark_ui_enabled=False, data_dir=sys.argv[1], kafka_bootstrap="127.0.0.1:1")
+settings = ProcessorSettings(spark_ui_port=0, data_dir=sys.argv[1], kafka_bootstrap="127.0.0.1:1")
 spark = build_spark(settings, [])
 spark.range(3).collect()
 print("running:", dict(running_tasks(spark)))
@@ -666,7 +665,7 @@ from services.processor.settings import ProcessorSettings
 from services.processor.warmup.startup import warm_case_mapping, warm_up
 data, init_log = sys.argv[1], Path(sys.argv[2])
 settings = ProcessorSettings(
-    spark_ui_enabled=False, data_dir=data, kafka_bootstrap="127.0.0.1:1", warmup_s=1,
+    spark_ui_port=0, data_dir=data, kafka_bootstrap="127.0.0.1:1", warmup_s=1,
     spark_conf={"spark.driver.extraJavaOptions": f"-Xlog:class+init=info:file={init_log}"},
 )
 spark = build_spark(settings, [])
@@ -701,7 +700,7 @@ from services.processor.settings import ProcessorSettings
 from services.processor.warmup.startup import warm_case_mapping
 data, master, conf, loads = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), Path(sys.argv[4])
 settings = ProcessorSettings(
-    spark_ui_enabled=False, data_dir=data, kafka_bootstrap="127.0.0.1:1", spark_master=master,
+    spark_ui_port=0, data_dir=data, kafka_bootstrap="127.0.0.1:1", spark_master=master,
     spark_conf={**conf, "spark.driver.extraJavaOptions": f"-Xlog:class+load=info:file={loads}"},
     **processor_jvm_settings(),
 )

@@ -126,9 +126,11 @@ def test_a_real_time_job_drops_windows_behind_the_watermark_as_rows_arrive(
     tmp_path: Path,
 ) -> None:
     """Closed windows leave the state while a real-time batch runs, a few per input row
-    (settings.state_cleanup_per_row), not in one scan at its end that stops output meanwhile; the
+    (ProcessorTuning.state_cleanup_per_row), not in one scan at its end that stops output meanwhile; the
     results still equal the oracle."""
-    assert spark.conf.get(STATE_CLEANUP_PER_ROW) == str(ProcessorSettings().state_cleanup_per_row) == "4"
+    assert (
+        spark.conf.get(STATE_CLEANUP_PER_ROW) == str(ProcessorSettings().tuning.state_cleanup_per_row) == "4"
+    )
     spec = spec_for(f"rt{uuid.uuid4().hex[:8]}-cleanup", {"type": "tumbling", "size": "1s"}, watermark="1s")
     ensure_topics(kafka_bootstrap, [spec.source.valid_topic, spec.output_topic], 1)
     query = start_query(spark, spec, kafka_bootstrap, str(tmp_path / "ckpt"), max_offsets=100_000)

@@ -25,7 +25,7 @@ from infra.artifacts.fetch import spark_kafka_jars
 from services.processor.service import Processor
 from services.processor.settings import ProcessorSettings
 settings = ProcessorSettings(
-    spark_ui_enabled=False, data_dir=sys.argv[1], scratch_dir=sys.argv[2], kafka_bootstrap="127.0.0.1:1"
+    spark_ui_port=0, data_dir=sys.argv[1], scratch_dir=sys.argv[2], kafka_bootstrap="127.0.0.1:1"
 )
 processor = Processor(settings, [], [str(j) for j in spark_kafka_jars()])
 processor.start()

@@ -69,7 +69,7 @@ from services.processor.spark.session import build_spark
 from services.processor.settings import ProcessorSettings
 from tests.security.test_spark_ports import probe
 settings = ProcessorSettings(
-    spark_ui_enabled=False, data_dir=sys.argv[1], spark_conf={"spark.authenticate": "false"}
+    spark_ui_port=0, data_dir=sys.argv[1], spark_conf={"spark.authenticate": "false"}
 )
 spark = build_spark(settings, [])
 print("rpc:", probe(int(spark.sparkContext.getConf().get("spark.driver.port"))))

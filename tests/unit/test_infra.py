@@ -460,4 +460,4 @@ def test_the_stacks_processor_warms_up_before_it_registers(tmp_path: Path) -> No
     env = service_env(StackConfig(run_dir=tmp_path / "stack"))
     warmup_s = float(env["SF_PROCESSOR_WARMUP_S"])
     assert warmup_s > 0
-    assert ProcessorSettings(warmup_s=warmup_s).warmup_backlog_events > 0
+    assert ProcessorSettings(warmup_s=warmup_s).tuning.warmup_backlog_events > 0

@@ -137,7 +137,7 @@ def test_the_driver_jvm_keeps_its_temporary_files_in_the_scratch_directory(tmp_p
 def test_a_standalone_clusters_executors_keep_their_temporary_files_in_their_work_directory() -> None:
     cluster = ProcessorSettings(spark_master="spark://127.0.0.1:7077")
     assert session_conf(cluster)[EXECUTOR_JAVA_OPTIONS] == "-Djava.io.tmpdir=."
-    quick = ProcessorSettings(spark_master="spark://127.0.0.1:7077", jit="quick")
+    quick = ProcessorSettings(spark_master="spark://127.0.0.1:7077", tuning_overrides={"jit": "quick"})
     assert session_conf(quick)[EXECUTOR_JAVA_OPTIONS].endswith(" -Djava.io.tmpdir=.")
     # In local mode the executors are the driver's JVM; spark_conf's own choice wins.
     assert EXECUTOR_JAVA_OPTIONS not in session_conf(ProcessorSettings())

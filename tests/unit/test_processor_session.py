@@ -1,4 +1,4 @@
-"""The Spark settings the processor derives from its own (services/processor/app.py, session_conf)."""
+"""The Spark settings the processor derives from its own (services/processor/spark/session.py)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def test_the_real_time_shuffle_flushes_within_5_ms_unless_the_profile_is_through
     assert session_conf(ProcessorSettings())[REALTIME_SHUFFLE_FLUSH] == "5"
     monkeypatch.setenv("SF_PROFILE", "throughput")
     assert session_conf(ProcessorSettings())[REALTIME_SHUFFLE_FLUSH] == "50"  # Spark's own default
-    monkeypatch.setenv("SF_PROCESSOR_REALTIME_SHUFFLE_FLUSH_MS", "20")  # explicit wins over the profile
+    monkeypatch.setenv("SF_PROCESSOR_TUNING", '{"realtime_shuffle_flush_ms": 20}')  # wins over the profile
     assert session_conf(ProcessorSettings())[REALTIME_SHUFFLE_FLUSH] == "20"
 
 
@@ -36,27 +36,33 @@ def test_closed_windows_leave_the_state_as_rows_arrive_unless_set_to_0(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     assert session_conf(ProcessorSettings())[STATE_CLEANUP_PER_ROW] == "4"
-    monkeypatch.setenv("SF_PROCESSOR_STATE_CLEANUP_PER_ROW", "0")  # Spark's own: all at the batch's end
+    monkeypatch.setenv("SF_PROCESSOR_TUNING", '{"state_cleanup_per_row": 0}')  # Spark's own: at the end
     assert session_conf(ProcessorSettings())[STATE_CLEANUP_PER_ROW] == "0"
     with pytest.raises(ValueError, match="greater than or equal to 0"):
-        ProcessorSettings(state_cleanup_per_row=-1)
+        ProcessorSettings(tuning_overrides={"state_cleanup_per_row": -1})
 
 
 def test_percentile_jobs_aggregate_by_hash_up_to_the_groups_set(monkeypatch: pytest.MonkeyPatch) -> None:
     assert session_conf(ProcessorSettings())[OBJECT_HASH_AGG_GROUPS] == "65536"  # Spark's: 128
-    monkeypatch.setenv("SF_PROCESSOR_OBJECT_HASH_AGG_GROUPS", "128")
+    monkeypatch.setenv("SF_PROCESSOR_TUNING", '{"object_hash_agg_groups": 128}')
     assert session_conf(ProcessorSettings())[OBJECT_HASH_AGG_GROUPS] == "128"
     given = ProcessorSettings(spark_conf={OBJECT_HASH_AGG_GROUPS: "10"})
     assert session_conf(given)[OBJECT_HASH_AGG_GROUPS] == "10"  # spark_conf wins, as for every setting
 
 
 def test_spark_conf_given_explicitly_wins_over_the_derived_settings() -> None:
-    settings = ProcessorSettings(realtime_shuffle_flush_ms=5, spark_conf={REALTIME_SHUFFLE_FLUSH: "1"})
+    settings = ProcessorSettings(spark_conf={REALTIME_SHUFFLE_FLUSH: "1"})
     assert session_conf(settings)[REALTIME_SHUFFLE_FLUSH] == "1"
     with pytest.raises(ValueError, match="greater than or equal to 1"):
-        ProcessorSettings(realtime_shuffle_flush_ms=0)
+        ProcessorSettings(tuning_overrides={"realtime_shuffle_flush_ms": 0})
     with pytest.raises(ValueError, match="less than or equal to 1000"):
-        ProcessorSettings(realtime_shuffle_flush_ms=1_001)
+        ProcessorSettings(tuning_overrides={"realtime_shuffle_flush_ms": 1_001})
+
+
+def test_an_unknown_tuning_override_is_refused_at_start_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SF_PROCESSOR_TUNING", '{"realtime_shuffle_flush": 20}')
+    with pytest.raises(ValueError, match=r"unknown tuning \['realtime_shuffle_flush'\]"):
+        ProcessorSettings()
 
 
 @pytest.mark.parametrize(
@@ -91,16 +97,21 @@ def test_a_quick_jit_stops_spark_s_jvms_at_c1_after_the_options_already_given(tm
     assert tiered[DRIVER_JAVA_OPTIONS] == f"-Xss4m -XX:SharedArchiveFile={archive} -Xshare:auto"
     assert tiered[EXECUTOR_JAVA_OPTIONS] == "-Xss8m"
 
-    quick = session_conf(ProcessorSettings(class_archive=str(archive), spark_conf=given, jit="quick"))
+    quick = session_conf(
+        ProcessorSettings(class_archive=str(archive), spark_conf=given, tuning_overrides={"jit": "quick"})
+    )
     assert quick[DRIVER_JAVA_OPTIONS] == (
         f"-Xss4m -XX:SharedArchiveFile={archive} -Xshare:auto -XX:TieredStopAtLevel=1"
     )
     assert quick[EXECUTOR_JAVA_OPTIONS] == "-Xss8m -XX:TieredStopAtLevel=1"
     # Nothing given: the JIT's option alone; the tiered default adds no key at all.
-    assert session_conf(ProcessorSettings(jit="quick"))[EXECUTOR_JAVA_OPTIONS] == "-XX:TieredStopAtLevel=1"
+    assert (
+        session_conf(ProcessorSettings(tuning_overrides={"jit": "quick"}))[EXECUTOR_JAVA_OPTIONS]
+        == "-XX:TieredStopAtLevel=1"
+    )
     assert DRIVER_JAVA_OPTIONS not in session_conf(ProcessorSettings())
     with pytest.raises(ValueError, match="'tiered' or 'quick'"):
-        ProcessorSettings(jit="c2")
+        ProcessorSettings(tuning_overrides={"jit": "c2"})
 
 
 def test_the_quick_jit_option_is_one_this_jdk_applies() -> None:

@@ -22,7 +22,7 @@ from tests.unit.test_processor_savepoints import SPEC
 
 
 def processor_with_jobs(tmp_path: Path, delay_s: float, **should_run: bool) -> Processor:
-    settings = ProcessorSettings(data_dir=str(tmp_path), taken_over_delay_s=delay_s)
+    settings = ProcessorSettings(data_dir=str(tmp_path), tuning_overrides={"taken_over_delay_s": delay_s})
     store = JobLedger(settings.jobs_path)
     for job_id, run in should_run.items():
         store.put(LedgerEntry(spec=SPEC.model_copy(update={"id": job_id}), should_run=run, epoch=0))
@@ -69,7 +69,7 @@ def test_a_job_stopped_where_it_ran_is_not_one_a_start_resumes(tmp_path: Path) -
 
 def test_a_quarantined_job_is_not_one_a_start_resumes(tmp_path: Path) -> None:
     p = processor_with_jobs(tmp_path, 0.5, a=True, stopped=False)
-    crashes = p.settings.job_quarantine_crashes
+    crashes = p.settings.tuning.job_quarantine_crashes
     JobLedger(p.settings.jobs_path).put(
         LedgerEntry(spec=SPEC.model_copy(update={"id": "q"}), should_run=True, epoch=0, crashes=crashes)
     )
@@ -95,7 +95,9 @@ class _DeadQuery:
 def test_a_job_the_processor_gave_up_on_is_not_one_a_start_resumes(tmp_path: Path) -> None:
     """Control decides whether it runs again, and where; resumed by this processor's next start, it
     would run beside a job control may have failed for good."""
-    settings = ProcessorSettings(data_dir=str(tmp_path), job_restart_attempts=1, job_restart_backoff_ms=0)
+    settings = ProcessorSettings(
+        data_dir=str(tmp_path), tuning_overrides={"job_restart_attempts": 1, "job_restart_backoff_ms": 0}
+    )
     manager = JobRunner(None, settings, JobMetricsListener(None))  # type: ignore[arg-type]  # no Spark needed
     dead: Any = _DeadQuery()
     for job_id in ("a", "b"):
@@ -159,8 +161,8 @@ def test_a_stop_ends_the_wait(tmp_path: Path) -> None:
 def test_a_processor_whose_jobs_were_taken_over_warms_up_as_a_standby() -> None:
     main = ProcessorSettings()  # the stack's main processor: no warm-up at a first start
     assert warmup_seconds(main, yielded=False) == 0
-    assert warmup_seconds(main, yielded=True) == main.taken_over_warmup_s == 30
+    assert warmup_seconds(main, yielded=True) == main.tuning.taken_over_warmup_s == 30
     standby = ProcessorSettings(warmup_s=45)
     assert warmup_seconds(standby, yielded=False) == warmup_seconds(standby, yielded=True) == 45
-    off = ProcessorSettings(taken_over_warmup_s=0)
+    off = ProcessorSettings(tuning_overrides={"taken_over_warmup_s": 0})
     assert warmup_seconds(off, yielded=True) == 0

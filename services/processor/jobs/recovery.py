@@ -66,7 +66,7 @@ def resume_verdicts(settings: ProcessorSettings) -> list[ResumeVerdict]:
     The one rule for both the wait before Spark starts (resume_holders) and the start itself
     (JobRunner.resume_stored).
     """
-    limit = settings.job_quarantine_crashes
+    limit = settings.tuning.job_quarantine_crashes
     verdicts = []
     for entry in JobLedger(settings.jobs_path).all():
         if not entry.should_run:

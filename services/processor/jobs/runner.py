@@ -122,9 +122,9 @@ class JobRunner:
                 self.spark,
                 spec,
                 self.settings.kafka_bootstrap,
-                self.settings.max_offsets_per_trigger,
+                self.settings.tuning.max_offsets_per_trigger,
                 versions,
-                task_records=self.settings.max_records_per_read_task,
+                task_records=self.settings.tuning.max_records_per_read_task,
                 trace=trace,
             )
         except AnalysisException as e:
@@ -217,7 +217,7 @@ class JobRunner:
                 spec,
                 self.settings.kafka_bootstrap,
                 str(self.checkpoint_dir(spec.id)),
-                self.settings.max_offsets_per_trigger,
+                self.settings.tuning.max_offsets_per_trigger,
                 epoch=job.epoch,
                 plan=plan or self.plan(spec, job.versions, job.trace),
             )
@@ -314,7 +314,7 @@ class JobRunner:
         if at_batch_boundary and query.isActive:
             # Stop between two triggers when one comes within the timeout. Stopping mid-batch is safe
             # too: Spark's offset log replays that batch on restore; this only avoids the rework.
-            deadline = time.monotonic() + self.settings.stop_timeout_ms / 1000
+            deadline = time.monotonic() + self.settings.tuning.stop_timeout_ms / 1000
             while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:
                 time.sleep(0.02)
         try:
@@ -373,15 +373,15 @@ class JobRunner:
                     self._release(job.spec.id)
                     continue
                 failures = job.failures + 1
-                if now - job.running_since > s.job_failure_reset_s:
+                if now - job.running_since > s.tuning.job_failure_reset_s:
                     failures = 1  # it ran fine for a long while: this is a fresh problem
                 message = _first_line(error)
                 log.error("job %s failed (%d): %s", job.spec.id, failures, message)
-                if failures > s.job_restart_attempts:
+                if failures > s.tuning.job_restart_attempts:
                     self._give_up(job, message, query=None, failures=failures)
                     self._release(job.spec.id)  # given up here: another processor may take it
                     continue
-                delay = s.job_restart_backoff_ms / 1000 * 2 ** (failures - 1)
+                delay = s.tuning.job_restart_backoff_ms / 1000 * 2 ** (failures - 1)
                 self._set(job, state=JobState.FAILING, query=None, failures=failures, message=message)
                 self._set(job, retry_at=now + delay)
             elif job.state == JobState.FAILING and now >= job.retry_at:

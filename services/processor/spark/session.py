@@ -87,9 +87,9 @@ def session_conf(settings: ProcessorSettings, scratch: Path | None = None) -> di
     ``spark.local.dir`` is set (spark/scratch.py).
     """
     conf = {
-        REALTIME_SHUFFLE_FLUSH: str(settings.realtime_shuffle_flush_ms),
-        STATE_CLEANUP_PER_ROW: str(settings.state_cleanup_per_row),
-        OBJECT_HASH_AGG_GROUPS: str(settings.object_hash_agg_groups),
+        REALTIME_SHUFFLE_FLUSH: str(settings.tuning.realtime_shuffle_flush_ms),
+        STATE_CLEANUP_PER_ROW: str(settings.tuning.state_cleanup_per_row),
+        OBJECT_HASH_AGG_GROUPS: str(settings.tuning.object_hash_agg_groups),
         **local_auth_options(settings),
         **settings.spark_conf,
         **local_fs_options(settings),
@@ -97,7 +97,7 @@ def session_conf(settings: ProcessorSettings, scratch: Path | None = None) -> di
     archive_options = class_archive_options(settings.class_archive)
     if settings.class_archive and not archive_options:
         log.warning("class archive %s not found: Spark's JVM starts without it", settings.class_archive)
-    jit = JIT_OPTIONS[settings.jit]
+    jit = JIT_OPTIONS[settings.tuning.jit]
     given_tmpdir = "-Djava.io.tmpdir=" in conf.get(DRIVER_JAVA_OPTIONS, "")
     tmpdir = shlex.quote(f"-Djava.io.tmpdir={scratch}") if scratch is not None and not given_tmpdir else ""
     _add_java_options(conf, DRIVER_JAVA_OPTIONS, archive_options, jit, tmpdir)
@@ -129,7 +129,7 @@ def build_spark(settings: ProcessorSettings, jars: list[str], scratch: Path | No
         .appName("streamforge-processor")
         .config("spark.jars", ",".join(jars))
         .config("spark.driver.memory", settings.driver_memory)
-        .config("spark.sql.shuffle.partitions", str(settings.shuffle_partitions))
+        .config("spark.sql.shuffle.partitions", str(settings.tuning.shuffle_partitions))
         .config("spark.sql.session.timeZone", "UTC")
         # A bad cast or a division by zero in a job expression gives NULL instead of failing the
         # query on one odd event.

@@ -150,7 +150,7 @@ class ShapeWarmer:
                     seconds=self.settings.shape_warmup_s,
                     workdir=self._workdir,
                     like=spec,
-                    backlog=self.settings.shape_warmup_backlog_events,
+                    backlog=self.settings.tuning.shape_warmup_backlog_events,
                     cancel=self._cancel,
                     starting=self._starting,
                 )

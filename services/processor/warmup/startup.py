@@ -131,7 +131,7 @@ def warm_up(
     starting: contextlib.AbstractContextManager[Any] | None = None,
 ) -> Warmed:
     """Run the throwaway job over a backlog of ``backlog`` events (default
-    ``settings.warmup_backlog_events``) and then 1,000 events/s, all within ``seconds`` (default
+    ``settings.tuning.warmup_backlog_events``) and then 1,000 events/s, all within ``seconds`` (default
     ``settings.warmup_s``) but for the clean-up, or until ``cancel`` is set; returns what it ran (no
     batches when it failed: logged, never raised). The job is ``warmup_spec``'s, or ``like`` on
     warm-up topics (``shaped_like``). Its query starts inside ``starting`` (the processor's command
@@ -139,7 +139,7 @@ def warm_up(
     directory): the processor gives its scratch directory, which the next start removes should this
     one be killed during the warm-up."""
     seconds = seconds or settings.warmup_s
-    backlog_events = settings.warmup_backlog_events if backlog is None else backlog
+    backlog_events = settings.tuning.warmup_backlog_events if backlog is None else backlog
     tag = tag or new_tag()
     spec = shaped_like(like, tag) if like is not None else warmup_spec(tag)
     if spec is None:
@@ -191,9 +191,9 @@ def warm_up(
                 spec,
                 bootstrap,
                 str(checkpoint),
-                min(settings.max_offsets_per_trigger, settings.warmup_batch_records),
+                min(settings.tuning.max_offsets_per_trigger, settings.tuning.warmup_batch_records),
                 epoch=0,
-                task_records=settings.max_records_per_read_task,
+                task_records=settings.tuning.max_records_per_read_task,
             )
         try:
             end = began + seconds
