@@ -28,7 +28,7 @@ from pathlib import Path
 began = time.monotonic()
 from infra.artifacts.fetch import spark_kafka_jars
 from infra.artifacts.local_fs import existing_local_fs_jar
-from services.processor import class_archive
+from services.processor.spark import class_archive
 from services.processor.spark.session import build_spark
 from services.processor.settings import ProcessorSettings
 imported = time.monotonic()

@@ -25,7 +25,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from infra.demo.datagen import WindowOracle, oracle_windows, rank_error
-from services.processor import query as query_module
+from services.processor.jobs import source as source_module
 from services.processor.jobs.plan import build_plan
 from services.processor.jobs.query import SHUFFLE_PARTITIONS, start_query, state_partitions
 from services.processor.jobs.versions import split_version
@@ -413,9 +413,9 @@ def test_a_windowed_batch_reads_a_partition_in_tasks_of_at_most_task_records_and
     window, emit = CASES[name]
     spec = spec_for(f"rt{uuid.uuid4().hex[:8]}-{name}", window, emit)
     if percentile_tasks is not None:
-        monkeypatch.setattr(query_module, "PERCENTILE_TASK_RECORDS", percentile_tasks)
+        monkeypatch.setattr(source_module, "PERCENTILE_TASK_RECORDS", percentile_tasks)
     else:  # the cap out of reach of these small batches
-        monkeypatch.setattr(query_module, "PERCENTILE_TASK_RECORDS", 100_000)
+        monkeypatch.setattr(source_module, "PERCENTILE_TASK_RECORDS", 100_000)
     ensure_topics(kafka_bootstrap, [spec.source.valid_topic, spec.output_topic], partitions=1)
     rounds = make_rounds(spec, seed=31, n_rounds=4)
     query = start_query(
