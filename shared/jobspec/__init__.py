@@ -7,7 +7,7 @@ are Spark SQL, checked by the processor with Spark's own parser and analyser whe
 (``services.processor.expressions``); this package checks everything else.
 """
 
-from shared.jobspec.aggregations import AggregateFn, Aggregation, percentile_suffix
+from shared.jobspec.aggregations import AggregateFn, Aggregation, every_aggregation, percentile_suffix
 from shared.jobspec.base import DurationMs, Expression, parse_duration_ms
 from shared.jobspec.serde import (
     MAX_SPEC_DEPTH,
@@ -54,6 +54,7 @@ __all__ = [
     "TumblingWindow",
     "Watermark",
     "Window",
+    "every_aggregation",
     "load_job_spec",
     "parse_duration_ms",
     "parse_job_spec",

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import Any, Literal, get_args
 
 from pydantic import Field, model_validator
 
@@ -65,3 +66,37 @@ class Aggregation(SpecModel):
         if self.fn == "percentiles":
             return [f"{self.name}_{percentile_suffix(q)}" for q in self.percentiles or []]
         return [self.name]
+
+
+# The output name each function gets in every_aggregation (percentiles: the field's, so value_p50).
+_EVERY_NAME = {
+    "count": "n",
+    "sum": "total",
+    "avg": "mean",
+    "min": "low",
+    "max": "high",
+    "stddev": "sd",
+    "stddev_pop": "sd_pop",
+}
+
+
+def every_aggregation(
+    field: str,
+    percentiles: Sequence[float] = (50, 99),
+    *,
+    accuracy: int | None = None,
+    fns: Sequence[str] = get_args(AggregateFn),
+) -> list[dict[str, Any]]:
+    """One aggregation of each function in ``fns`` over ``field`` (count: of events), as a spec lists
+    them: the warm-up's job, and the all-aggregations workloads of tests and benchmarks."""
+    every: list[dict[str, Any]] = []
+    for fn in fns:
+        if fn == "count":
+            every.append({"fn": fn, "as": _EVERY_NAME[fn]})
+        elif fn == "percentiles":
+            every.append({"fn": fn, "field": field, "percentiles": list(percentiles), "as": field})
+            if accuracy is not None:
+                every[-1]["accuracy"] = accuracy
+        else:
+            every.append({"fn": fn, "field": field, "as": _EVERY_NAME[fn]})
+    return every

@@ -29,22 +29,13 @@ import redis
 
 from infra.demo.datagen import rank_error
 from shared import constants
-from shared.jobspec import Aggregation, percentile_suffix
+from shared.jobspec import Aggregation, every_aggregation, percentile_suffix
 
 WINDOW_MS = 10_000
 KEYS = 1_000
 FIELDS = {"k": "string", "user": "string", "value": "double", "ts": "timestamp"}
 COUNT_ONLY: tuple[dict[str, Any], ...] = ({"fn": "count", "as": "n"},)
-ALL_NINE: tuple[dict[str, Any], ...] = (
-    {"fn": "count", "as": "n"},
-    {"fn": "sum", "field": "value", "as": "total"},
-    {"fn": "avg", "field": "value", "as": "mean"},
-    {"fn": "min", "field": "value", "as": "lo"},
-    {"fn": "max", "field": "value", "as": "hi"},
-    {"fn": "stddev", "field": "value", "as": "sd"},
-    {"fn": "stddev_pop", "field": "value", "as": "sdp"},
-    {"fn": "percentiles", "field": "value", "percentiles": [95, 99], "as": "v"},
-)
+ALL_NINE: tuple[dict[str, Any], ...] = tuple(every_aggregation("value", (95, 99)))
 COUNT_FIELD = "n"
 PERCENTILE_ACCURACY: int = Aggregation.model_fields["accuracy"].default
 

@@ -27,7 +27,7 @@ from services.processor.metrics import JobMetricsListener
 from services.processor.settings import ProcessorSettings
 from services.processor.spark.session import REALTIME_SHUFFLE_FLUSH, ROCKSDB_PROVIDER, STATE_CLEANUP_PER_ROW
 from shared.errors import SpecError
-from shared.jobspec import JobSpec
+from shared.jobspec import JobSpec, every_aggregation
 from shared.jobstate import JobState
 from shared.kafka import ensure_topics
 from shared.records import WindowResult
@@ -57,13 +57,7 @@ def spec_for(name: str, window: dict[str, Any], watermark: str = "10m") -> JobSp
             "window": window,
             # With the default 10m nothing is late: the oracle needs no watermark.
             "watermark": {"max_out_of_orderness": watermark},
-            "aggregations": [
-                {"fn": "count", "as": "n"},
-                {"fn": "sum", "field": "value", "as": "total"},
-                {"fn": "min", "field": "value", "as": "low"},
-                {"fn": "max", "field": "value", "as": "high"},
-                {"fn": "avg", "field": "value", "as": "mean"},
-            ],
+            "aggregations": every_aggregation("value", fns=("count", "sum", "min", "max", "avg")),
             "trigger_mode": "real_time",
             "trigger_interval": "5s",
             "output_topic": f"{name}.out",

@@ -31,7 +31,7 @@ from services.processor.jobs.query import SHUFFLE_PARTITIONS, start_query, state
 from services.processor.jobs.versions import split_version
 from services.processor.metrics import metrics_from_progress
 from services.processor.tracing import TRACE_NUMBERS, TRACE_TEXT
-from shared.jobspec import JobSpec
+from shared.jobspec import JobSpec, every_aggregation
 from shared.kafka import ensure_topics
 from shared.records import WindowResult
 from tests.integration.test_processor import spark  # noqa: F401  (the shared session fixture)
@@ -45,16 +45,7 @@ OOO_MS, LATENESS_MS = 3_000, 3_000
 DELAY_MS = OOO_MS + LATENESS_MS
 ROUND_STRIDE_MS, ROUND_SPAN_MS = 6_000, 5_800  # a round's events lie within less than the delay
 ACCURACY = 100
-AGGREGATIONS = [
-    {"fn": "count", "as": "n"},
-    {"fn": "sum", "field": "value", "as": "total"},
-    {"fn": "avg", "field": "value", "as": "mean"},
-    {"fn": "min", "field": "value", "as": "low"},
-    {"fn": "max", "field": "value", "as": "high"},
-    {"fn": "stddev", "field": "value", "as": "sd"},
-    {"fn": "stddev_pop", "field": "value", "as": "sd_pop"},
-    {"fn": "percentiles", "field": "value", "percentiles": [50, 95, 99], "accuracy": ACCURACY},
-]
+AGGREGATIONS = every_aggregation("value", (50, 95, 99), accuracy=ACCURACY)
 MALFORMED = [
     (b"a", b"not json"),
     (b"a", b'{"k": "a", "value": 1.0}'),

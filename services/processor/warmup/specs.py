@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from services.processor.warmup.topics import TOPIC_PREFIX
 from shared import constants
-from shared.jobspec import JobSpec
+from shared.jobspec import JobSpec, every_aggregation
 
 
 def warmup_spec(tag: str) -> JobSpec:
@@ -20,16 +20,7 @@ def warmup_spec(tag: str) -> JobSpec:
             },
             "window": {"type": "tumbling", "size": "1s"},
             "watermark": {"max_out_of_orderness": "1s"},
-            "aggregations": [
-                {"fn": "count", "as": "n"},
-                {"fn": "sum", "field": "latency", "as": "total"},
-                {"fn": "avg", "field": "latency", "as": "mean"},
-                {"fn": "min", "field": "latency", "as": "low"},
-                {"fn": "max", "field": "latency", "as": "high"},
-                {"fn": "stddev", "field": "latency", "as": "sd"},
-                {"fn": "stddev_pop", "field": "latency", "as": "sdp"},
-                {"fn": "percentiles", "field": "latency", "percentiles": [50, 99], "as": "p"},
-            ],
+            "aggregations": every_aggregation("latency"),
             "trigger_interval": "500ms",
             "output_topic": f"{TOPIC_PREFIX}{tag}.out",
         }
