@@ -1,14 +1,7 @@
 """`streamforge`: the command line for the control API (jobs, results, services) and Kafka topics.
 
-    streamforge submit spec.yaml            streamforge results page-views --key /home
-    streamforge list --state RUNNING        streamforge services
-    streamforge status page-views           streamforge metrics [page-views]
-    streamforge cancel page-views           streamforge tail clicks.dlq --from-beginning
-    streamforge savepoint page-views        streamforge produce clicks --events 10000
-    streamforge resume page-views [--new-id page-views-v2]
-
-Where it connects: --url / SF_CLI_URL (default http://127.0.0.1:8081), --token / SF_CLI_TOKEN,
---bootstrap / SF_KAFKA_BOOTSTRAP for tail and produce.
+`streamforge --help` lists the commands. Where it connects: --url / SF_CLI_URL, --token /
+SF_CLI_TOKEN, and --bootstrap / SF_KAFKA_BOOTSTRAP for tail and produce.
 """
 
 from __future__ import annotations
@@ -40,6 +33,9 @@ app = typer.Typer(
 )
 console = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
+# How long one call to the control API may take: a submit, cancel or savepoint waits there for the
+# processor's answer, so this outlasts control's own wait.
+REQUEST_TIMEOUT_S = 60.0
 
 STATE_STYLE = {
     "CREATED": "cyan",
@@ -77,7 +73,7 @@ def _settings() -> CliSettings:
 def _client() -> Client:
     s = _settings()
     token = _opts.token or (s.token.get_secret_value() if s.token else None)
-    return Client(_opts.url or s.url, token, timeout_s=s.timeout_s)
+    return Client(_opts.url or s.url, token, timeout_s=REQUEST_TIMEOUT_S)
 
 
 def _bootstrap() -> str:

@@ -1,25 +1,12 @@
 """The Python SDK: a fluent job builder that compiles to the declarative spec, and an API client.
 
-    from client.sdk import Client, Job, count, tumbling
-
-    job = (
-        Job("word-count")
-        .source("lines", fields={"doc": "string", "line": "string", "ts": "timestamp"}, key=["doc"],
-                event_time="ts")
-        .flat_map("word", "explode(split(lower(line), '[^a-z]+'))")
-        .filter("word <> ''")
-        .key_by("word")
-        .window(tumbling("10s"))
-        .aggregate(count())
-        .having("count > 5")
-        .emit("on_window_close")
-    )
+    job = Job("views").source("clicks", fields={"page": "string", "ts": "timestamp"}, key="page",
+                              event_time="ts").window(tumbling("10s")).aggregate(count())
     with Client("http://127.0.0.1:8081", token="...") as client:
         client.submit(job)
 
-The builder only assembles the spec: ``build()`` returns a validated ``JobSpec`` (a bad one raises
-SpecError saying what to fix). Expressions are Spark SQL strings, checked by the processor with Spark's
-parser when the job starts; no Python function is ever shipped, pickled or run on the cluster.
+``build()`` returns a validated ``JobSpec`` (SpecError says what to fix). Expressions are Spark SQL
+strings the processor checks with Spark's parser; no Python function is ever shipped to the cluster.
 """
 
 from __future__ import annotations

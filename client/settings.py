@@ -11,9 +11,12 @@ class CliSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="SF_CLI_", extra="ignore", populate_by_name=True)
 
-    url: str = "http://127.0.0.1:8081"
-    token: SecretStr | None = None
-    kafka_bootstrap: str = Field(
-        "127.0.0.1:9092", validation_alias=AliasChoices("SF_KAFKA_BOOTSTRAP", "kafka_bootstrap")
+    url: str = Field("http://127.0.0.1:8081", description="the control API (`--url` wins)")
+    token: SecretStr | None = Field(
+        None, description="bearer token for the control API (`--token` wins); empty: none"
     )
-    timeout_s: float = Field(60.0, gt=0)
+    kafka_bootstrap: str = Field(
+        "127.0.0.1:9092",
+        validation_alias=AliasChoices("SF_KAFKA_BOOTSTRAP", "kafka_bootstrap"),
+        description="Kafka bootstrap servers for `tail` and `produce` (`--bootstrap` wins)",
+    )

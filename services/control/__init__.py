@@ -1,2 +1,2 @@
 """Control: the REST API users drive the platform with, the gRPC service registry, and the supervisor
-that starts, restarts and stops jobs on the processors (see README.md)."""
+that starts, restarts and stops jobs on the processors."""

@@ -26,7 +26,7 @@ class ControlService:
 
     def __init__(self, settings: ControlSettings, tracer: Tracer, tls: TlsIdentity | None) -> None:
         app = create_app(settings, tracer=tracer, tls=tls)
-        config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning")
+        config = uvicorn.Config(app, host=settings.bind_host, port=settings.port, log_level="warning")
         self.server = uvicorn.Server(config)
 
     def start(self) -> None:

@@ -152,7 +152,7 @@ class Dispatcher:
                 spec_json=placed.spec_json,
                 from_savepoint="" if ever_ran else placed.from_savepoint,
             )
-            timeout_s = self.ctx.settings.command_timeout_ms / 1000
+            timeout_s = self.ctx.settings.tuning.command_timeout_ms / 1000
             try:
                 status = self.ctx.peers.job_commands(processor.target).StartJob(request, timeout=timeout_s)
             except grpc.RpcError as e:
@@ -236,11 +236,11 @@ class Dispatcher:
             request = pb.StopJobRequest(
                 job_id=job_id,
                 savepoint=job.savepoint_requested,
-                savepoint_dir=job.savepoint_dir or self.ctx.settings.savepoint_dir,
+                savepoint_dir=job.savepoint_dir,  # empty: the processor's own default
             )
             try:
                 status = self.ctx.peers.job_commands(processor.target).StopJob(
-                    request, timeout=self.ctx.settings.command_timeout_ms / 1000
+                    request, timeout=self.ctx.settings.tuning.command_timeout_ms / 1000
                 )
             except grpc.RpcError as e:
                 self._stop_failed(job, e)
@@ -286,7 +286,7 @@ class Dispatcher:
         )
         try:
             self.ctx.peers.job_commands(processor.target).StopJob(
-                pb.StopJobRequest(job_id=job_id), timeout=self.ctx.settings.command_timeout_ms / 1000
+                pb.StopJobRequest(job_id=job_id), timeout=self.ctx.settings.tuning.command_timeout_ms / 1000
             )
         except grpc.RpcError as e:
             log.warning("stopping stray job %s on %s: %s", job_id, processor.instance_id, describe(e))
@@ -305,7 +305,7 @@ class Dispatcher:
         try:
             self.ctx.peers.stream_config(inst.target).ApplyStreams(
                 pb.ApplyStreamsRequest(job_spec_json=spec_jsons),
-                timeout=self.ctx.settings.apply_timeout_ms / 1000,
+                timeout=self.ctx.settings.tuning.apply_timeout_ms / 1000,
             )
         except grpc.RpcError as e:
             error = describe(e)

@@ -1,15 +1,8 @@
 """The JobManager: the job commands the REST API calls, and the supervisor that keeps jobs in line.
 
-Control is level-triggered: the job store says what should run, heartbeats say what does, and the
-supervisor (a sweep every ``sweep_interval_ms``, or sooner when something changes) closes the gap:
-
-- an instance silent for ``heartbeat_timeout_ms`` is lost; the jobs of a lost processor go FAILING;
-- CREATED and FAILING jobs are started (StartJob, same job id: the processor resumes from that job's
-  checkpoint) on the least loaded live processor; CANCELLING jobs are stopped (StopJob);
-- ingest and sink instances get the specs of the active jobs (ApplyStreams) whenever they change;
-- a processor that runs a job control placed elsewhere, or ended, is told to stop it (``registry``).
-
-The parts, each calling only the ones below it:
+Control is level-triggered: the job store says what should run, heartbeats say what does, and each
+sweep of the supervisor closes the gap (lost instances, jobs to start or stop, specs to push). The
+parts, each calling only the ones below it:
 
     manager      REST commands (submit, get, cancel, savepoint) and the supervisor's sweep
     registry     instances: register, heartbeat, deregister, lost; processors' job reports
@@ -81,7 +74,7 @@ class JobManager:
         self._wake.set()
 
     def _supervise(self) -> None:
-        interval_s = self.settings.sweep_interval_ms / 1000
+        interval_s = self.settings.tuning.sweep_interval_ms / 1000
         failing = False
         while not self._stopping.is_set():
             self._wake.clear()  # a wake() during the sweep below makes the next one come at once
@@ -179,10 +172,10 @@ class JobManager:
         digest = specs_digest(active_specs(jobs))
         for inst in live.values():
             # Ingest and the sink serve these streams; an idle processor warms up on their jobs' shapes.
-            due = now - inst.streams_attempt_ms >= self.settings.retry_backoff_ms
+            due = now - inst.streams_attempt_ms >= self.settings.tuning.retry_backoff_ms
             if inst.streams_digest != digest and due:
                 scheduled.append(self.dispatch.push_streams(inst.instance_id))
-        if now - self._last_probe_ms >= self.settings.health_probe_interval_ms:
+        if now - self._last_probe_ms >= self.settings.tuning.health_probe_interval_ms:
             self._last_probe_ms = now
             for inst in live.values():
                 scheduled.append(self.dispatch.probe(inst.instance_id))

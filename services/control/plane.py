@@ -44,7 +44,7 @@ class ControlPlane:
         self.peers = Peers(client, tls)
         self.manager = JobManager(settings, self.jobs, self.instances, self.peers, clock=clock)
         self.grpc = ControlGrpcServer(
-            self.manager.registry, settings.grpc_host, settings.grpc_port, server, tls
+            self.manager.registry, settings.bind_host, settings.grpc_port, server, tls
         )
         self.started = False
         self._users = 0  # an app's lifespan may run more than once at a time (test clients)
@@ -60,7 +60,7 @@ class ControlPlane:
 
     @property
     def grpc_target(self) -> str:
-        return f"{self.settings.grpc_host}:{self.grpc.port}"
+        return f"{self.settings.bind_host}:{self.grpc.port}"
 
     def start(self) -> None:
         with self._lock:

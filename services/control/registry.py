@@ -65,16 +65,15 @@ class Registry:
             self.ctx.peers.forget(previous.target)
         if previous is None or previous.health != "alive":
             # A new process at this address (a restarted replica registers under a new id) gets a
-            # fresh channel: the cached one, to the process that died there, sits in gRPC's
-            # reconnect backoff (growing to 120 s) and fails every call at once until it ends. Seen
-            # in tests/cluster: a restarted ingest replica got its streams 71 s after registering.
+            # fresh channel: the cached one, to the process that died there, sits in gRPC's growing
+            # reconnect backoff and fails every call at once until it ends.
             self.ctx.peers.forget(record.target)
         self.ctx.instances.put(record)
         again = "" if previous is None else f" again (was {previous.health})"
         log.info("%s %s registered%s at %s", record.service, record.instance_id, again, record.target)
         self._watch(record, again=True)
         self.ctx.wake()
-        return self.ctx.settings.heartbeat_interval_ms
+        return self.ctx.settings.tuning.heartbeat_interval_ms
 
     def heartbeat(self, request: pb.HeartbeatRequest) -> bool:
         """Record a heartbeat; False when the instance must register (again) first."""
@@ -102,7 +101,7 @@ class Registry:
     def _watch(self, record: InstanceRecord, *, again: bool = False) -> None:
         """Its jobs move when a processor is lost: learn of a dead one from its closed connection
         (Peers.watch), not only from a heartbeat timeout."""
-        if record.service != "processor" or not self.ctx.settings.fast_loss_detection:
+        if record.service != "processor" or not self.ctx.settings.tuning.fast_loss_detection:
             return
         if not again and self.ctx.peers.watching(record.target, "processor"):
             return
@@ -133,7 +132,7 @@ class Registry:
                     self._mark_lost(inst.instance_id, now, silent_ms)
                 else:
                     live[inst.instance_id] = inst
-            elif now - inst.lost_at_ms > self.ctx.settings.lost_retention_ms:
+            elif now - inst.lost_at_ms > self.ctx.settings.tuning.lost_retention_ms:
                 self.ctx.instances.delete(inst.instance_id)
         return live
 

@@ -64,7 +64,7 @@ class Transitions:
     def note(self, job_id: str, message: str, retry_in_ms: int | None = None) -> None:
         """Say what is going on with the job without changing its state; hold retries back a while."""
         now = self.ctx.clock()
-        backoff = self.ctx.settings.retry_backoff_ms if retry_in_ms is None else retry_in_ms
+        backoff = self.ctx.settings.tuning.retry_backoff_ms if retry_in_ms is None else retry_in_ms
         self.ctx.jobs.update(
             job_id,
             lambda j: j.model_copy(
@@ -179,7 +179,7 @@ class Transitions:
 
     def count_failure(self, job_id: str, why: str) -> None:
         """Its processor gave up on the job: restart it, or FAILED after ``max_restarts``."""
-        limit = self.ctx.settings.max_restarts
+        limit = self.ctx.settings.tuning.max_restarts
 
         def fail(j: JobRecord) -> JobRecord | None:
             if j.state not in SHOULD_RUN or j.needs_start:

@@ -52,9 +52,12 @@ from tests.chaos.harness import Faults, Plan, run
 
 pytestmark = pytest.mark.e2e
 
-# Faster failure detection than the defaults (1 s / 5 s), as in tests/e2e/test_control_failover.py.
+# Faster failure detection than the defaults, as in tests/e2e/test_control_failover.py.
 SERVICE_ENV = {
-    "control": {"SF_CONTROL_HEARTBEAT_INTERVAL_MS": "500", "SF_CONTROL_HEARTBEAT_TIMEOUT_MS": "4000"}
+    "control": {
+        "SF_CONTROL_HEARTBEAT_TIMEOUT_MS": "4000",
+        "SF_CONTROL_TUNING": json.dumps({"heartbeat_interval_ms": 500}),
+    }
 }
 # 600 events/s over the three jobs until the faults are over and 10 s more (at most 600,000 events,
 # 1,000 s: a ceiling far above what the faults take, so a slow, loaded machine lengthens the load

@@ -46,9 +46,8 @@ HEADERS = {"Authorization": f"Bearer {TOKEN}"}
 SERVICES = ("control", "ingest", "sink", "processor")
 CONTROL_ENV = {
     "SF_CONTROL_TOKENS": json.dumps({TOKEN: ["read", "write"]}),
-    "SF_CONTROL_HEARTBEAT_INTERVAL_MS": "500",
     "SF_CONTROL_HEARTBEAT_TIMEOUT_MS": "4000",
-    "SF_CONTROL_REQUEST_WAIT_MS": "60000",
+    "SF_CONTROL_TUNING": json.dumps({"heartbeat_interval_ms": 500, "request_wait_ms": 60_000}),
 }
 # The processor runs what control tells it, nothing from spec files.
 PROCESSOR_ENV = {"SF_PROCESSOR_JOB_SPECS": "[]"}

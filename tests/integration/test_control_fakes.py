@@ -31,11 +31,10 @@ WRITE_TOKEN = "writer-token-0001"
 READ_TOKEN = "reader-token-0001"
 CONTROL_REDIS_DB = 3  # the control tests' own database: each test starts from an empty one
 
-# Fast timings so lost instances and restarts happen within a few seconds; the timeout leaves room for
-# a loaded 2-core machine (a heartbeat thread may be late by hundreds of ms).
+# Fast timings (ControlTuning) so lost instances and restarts happen within a few seconds; the
+# heartbeat timeout below leaves room for a loaded machine, where a heartbeat thread may run late.
 FAST = {
     "heartbeat_interval_ms": 100,
-    "heartbeat_timeout_ms": 2_000,
     "sweep_interval_ms": 50,
     "retry_backoff_ms": 100,
     "health_probe_interval_ms": 200,
@@ -55,14 +54,18 @@ def wait_until(predicate: Callable[[], Any], timeout_s: float = 10.0, what: str 
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what} (last value: {last!r})")
 
 
-def control_settings(redis_url: str, **overrides: Any) -> ControlSettings:
+def control_settings(
+    redis_url: str, tuning: dict[str, Any] | None = None, **overrides: Any
+) -> ControlSettings:
+    """Settings for a test's control plane: FAST tuning, with ``tuning`` and ``overrides`` on top."""
     values: dict[str, Any] = {
         "redis_url": redis_url,
         "kafka_bootstrap": "127.0.0.1:1",
         "grpc_port": 0,
         "tokens": {WRITE_TOKEN: ["read", "write"], READ_TOKEN: ["read"]},
         "savepoint_roots": ["/tmp"],
-        **FAST,
+        "heartbeat_timeout_ms": 2_000,
+        "tuning_overrides": {**FAST, **(tuning or {})},
         **overrides,
     }
     return ControlSettings(**values)

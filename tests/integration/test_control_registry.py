@@ -74,7 +74,7 @@ def test_register_heartbeat_with_load_and_deregister(plane: ControlPlane) -> Non
     reg = Registration(plane.grpc_target, "sink", grpc_port=1234, metrics_port=9103).start()
     try:
         wait_until(reg.registered.is_set, what="registration")
-        assert reg.interval_s == plane.settings.heartbeat_interval_ms / 1000
+        assert reg.interval_s == plane.settings.tuning.heartbeat_interval_ms / 1000
         wait_until(lambda: reg.heartbeats_sent >= 2, what="two heartbeats")
         inst = plane.instances.get(reg.instance_id)
         assert inst is not None
@@ -267,7 +267,7 @@ def test_a_stray_copy_on_a_returning_processor_is_stopped(
 def test_reported_failures_restart_the_job_until_the_limit(
     control_redis_url: str, instances: list[FakeInstance], unique: str
 ) -> None:
-    control = ControlPlane(control_settings(control_redis_url, max_restarts=2))
+    control = ControlPlane(control_settings(control_redis_url, tuning={"max_restarts": 2}))
     control.start()
     try:
         p: FakeProcessor = start(FakeProcessor(control.grpc_target), instances)

@@ -31,7 +31,9 @@ EXAMPLES = {GenerationMode.POSITIVE: 15, GenerationMode.NEGATIVE: 10}
 
 @pytest.fixture
 def control_app(control_redis_url: str, kafka_bootstrap: str) -> Iterator[FastAPI]:
-    app = create_app(control_settings(control_redis_url, kafka_bootstrap=kafka_bootstrap, request_wait_ms=0))
+    app = create_app(
+        control_settings(control_redis_url, {"request_wait_ms": 0}, kafka_bootstrap=kafka_bootstrap)
+    )
     with TestClient(app):  # runs the lifespan: the control plane (gRPC, supervisor) is up
         yield app
 

@@ -8,7 +8,7 @@ from fastapi.security import HTTPAuthorizationCredentials
 from pydantic import ValidationError
 
 from services.control.api.auth import authorize, scopes_of
-from services.control.settings import ControlSettings, Scope
+from services.control.settings import ControlSettings, ControlTuning, Scope
 
 TOKENS = {"admin-token-1": ["read", "write"], "viewer-token-1": ["read"]}
 
@@ -60,13 +60,27 @@ def test_tokens_from_the_environment_are_secret(monkeypatch: pytest.MonkeyPatch)
     assert "env-token-123" not in repr(settings)
 
 
+def test_tuning_comes_from_sf_control_tuning(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SF_CONTROL_TUNING", '{"heartbeat_interval_ms": 500, "max_restarts": 1}')
+    tuning = ControlSettings().tuning
+    assert (tuning.heartbeat_interval_ms, tuning.max_restarts) == (500, 1)
+    monkeypatch.delenv("SF_CONTROL_TUNING")
+    assert ControlSettings().tuning == ControlTuning()
+
+
 @pytest.mark.parametrize(
     ("values", "fragment"),
     [
         ({"tokens": {"short": ["read"]}}, "at least 8 characters"),
         ({"tokens": {"long-enough-1": []}}, "at least one scope"),
         ({"tokens": {"long-enough-1": ["admin"]}}, "'read' or 'write'"),
-        ({"heartbeat_interval_ms": 1000, "heartbeat_timeout_ms": 900}, "must exceed heartbeat_interval_ms"),
+        (
+            {"tuning_overrides": {"heartbeat_interval_ms": 1000}, "heartbeat_timeout_ms": 900},
+            "must exceed heartbeat_interval_ms",
+        ),
+        ({"tuning_overrides": {"heartbeat_interval_ms": 6_000}}, "must exceed heartbeat_interval_ms"),
+        ({"tuning_overrides": {"heartbeat_interval_ms": 10}}, "greater than or equal to 50"),
+        ({"tuning_overrides": {"heartbeat_intervl_ms": 500}}, "unknown tuning"),
         ({"port": 70000}, "less than or equal to 65535"),
     ],
 )

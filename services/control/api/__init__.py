@@ -116,11 +116,7 @@ def _dashboard_sources(control: ControlPlane) -> dashboard.DashboardSources:
     return dashboard.DashboardSources(
         metrics_urls=metrics_urls,
         redis=control.redis,
-        jobs=tuple(configured.jobs),
         aliases=aliases,
-        windows=configured.windows,
-        max_keys=configured.max_keys,
-        scrape_timeout_s=configured.scrape_timeout_s,
     )
 
 

@@ -67,7 +67,7 @@ class DashboardSources:
     aliases: Callable[[], Mapping[str, str]] | Mapping[str, str] = field(default_factory=dict)
     windows: int = 12  # latest windows per job in the chart
     max_keys: int = 8  # keys drawn in the chart; the rest are summed into "(other)"
-    scrape_timeout_s: float = 1.5
+    scrape_timeout_s: float = 1.5  # one slow endpoint must not hold up the page's refresh
     _history: dict[tuple[str, str, str], _Series] = field(default_factory=dict, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 

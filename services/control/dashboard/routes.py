@@ -34,11 +34,7 @@ def sources_of(request: Request) -> DashboardSources:
         sources = DashboardSources(
             metrics_urls=s.metrics_urls,
             redis=redis.Redis.from_url(s.redis_url, socket_timeout=2, socket_connect_timeout=2),
-            jobs=tuple(s.jobs),
             aliases=s.aliases,
-            windows=s.windows,
-            max_keys=s.max_keys,
-            scrape_timeout_s=s.scrape_timeout_s,
         )
         state.dashboard_sources = sources
     return sources

@@ -11,12 +11,13 @@ from shared.settings import BaseServiceSettings
 class DashboardSettings(BaseServiceSettings):
     model_config = SettingsConfigDict(env_prefix="SF_DASHBOARD_", extra="ignore", populate_by_name=True)
 
-    # Prometheus endpoints by service name, e.g. {"ingest": "http://127.0.0.1:9101/metrics", ...}.
-    metrics_urls: dict[str, str] = Field(default_factory=dict)
-    # Jobs to list even before they have numbers; others are found in the metrics and the job store.
-    jobs: list[str] = Field(default_factory=list)
-    # Metric `job` labels that name a job differently (ingest labels by raw topic): label -> job id.
-    aliases: dict[str, str] = Field(default_factory=dict)
-    windows: int = Field(12, ge=1, le=200)
-    max_keys: int = Field(8, ge=1, le=50)
-    scrape_timeout_s: float = Field(1.5, gt=0, le=30)
+    metrics_urls: dict[str, str] = Field(
+        default_factory=dict,
+        description='Prometheus endpoints by service (JSON), e.g. `{"ingest": "http://host:9101/metrics"}`; '
+        "a live instance in control's registry wins over its service's entry",
+    )
+    aliases: dict[str, str] = Field(
+        default_factory=dict,
+        description="metric `job` labels that name a job differently, label -> job id (JSON), besides "
+        "those control derives from its jobs (ingest labels by raw topic)",
+    )

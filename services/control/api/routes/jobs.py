@@ -47,7 +47,7 @@ SPEC_BODY: dict[str, Any] = {
     }
 }
 WaitQuery = Annotated[
-    bool, Query(description="wait (up to SF_CONTROL_REQUEST_WAIT_MS) for the processor's answer")
+    bool, Query(description="wait a bounded time for the processor's answer (202 if it has not come)")
 ]
 ERRORS: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorOut, "description": "no such job"},
@@ -56,7 +56,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 
 
 def _wait_s(settings: SettingsDep, wait: bool) -> float:
-    return settings.request_wait_ms / 1000 if wait else 0.0
+    return settings.tuning.request_wait_ms / 1000 if wait else 0.0
 
 
 async def _read_spec(request: Request, max_bytes: int) -> JobSpec:
@@ -75,7 +75,7 @@ async def _read_spec(request: Request, max_bytes: int) -> JobSpec:
     if not body.strip():
         raise HTTPException(422, "the request body is empty: send a job spec as JSON or YAML")
     try:
-        # Off the event loop: a large spec must not hold every other request (/healthz waited 13 s).
+        # Off the event loop: parsing a large spec must not hold every other request (/healthz too).
         return await run_in_threadpool(parse_job_spec, bytes(body), yaml_format=media in YAML_TYPES)
     except SpecError as e:
         raise HTTPException(422, str(e)) from e
