@@ -80,6 +80,9 @@ def run_service(
     settings_type: type[S],
     build: Callable[[S, Tracer, TlsIdentity | None], Wiring],
 ) -> int:
+    if unknown := settings_type.unknown_variables():
+        print(f"{name}: unknown settings {unknown} (SETTINGS.md lists every setting)", file=sys.stderr)
+        return 2
     try:
         settings = settings_type()
     except ValidationError as e:  # fail fast, saying which setting to fix

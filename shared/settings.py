@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
+from collections.abc import Mapping
 from typing import Any, ClassVar, Literal, Self
 from urllib.parse import urlsplit, urlunsplit
 
@@ -127,6 +129,19 @@ class BaseServiceSettings(BaseSettings):
         validation_alias=shared_name("tracing_sample_ratio"),
         description="share of new traces recorded; children follow their parent's decision",
     )
+
+    @classmethod
+    def unknown_variables(cls, environ: Mapping[str, str] = os.environ) -> list[str]:
+        """Variables with this service's own prefix that name no setting: a typo, or a setting that
+        became internal tuning. The shared ``SF_*`` namespace is not checked (every service reads it)."""
+        prefix = str(cls.model_config.get("env_prefix", "")).upper()
+        if prefix == "SF_":
+            return []
+        known = {f"{prefix}{name}".upper() for name in cls.model_fields}
+        for field in cls.model_fields.values():
+            if isinstance(field.validation_alias, AliasChoices):
+                known |= {str(c).upper() for c in field.validation_alias.choices if isinstance(c, str)}
+        return sorted(k for k in environ if k.upper().startswith(prefix) and k.upper() not in known)
 
     @model_validator(mode="after")
     def _check_tuning(self) -> Self:
