@@ -49,7 +49,7 @@ def too_large(
         return None
     return (
         f"the record for {topic} would be {size} bytes (key {_length(key)}, value {_length(value)}, "
-        f"headers {headers_size(headers)}); the message limit is {limit} (SF_INGEST_MAX_MESSAGE_BYTES)"
+        f"headers {headers_size(headers)}); the message limit is {limit}"
     )
 
 
