@@ -50,8 +50,8 @@ class IngestService:
         self.ingest.start()
         s = self.settings
         if s.http_port:
-            # Imported only when enabled: FastAPI takes seconds to import on a busy 2-core box, and a
-            # restarted replica should be back in its consumer group as soon as it can.
+            # Imported only when enabled: FastAPI is slow to import, and a restarted replica should be
+            # back in its consumer group as soon as it can.
             from services.ingest.http import HttpIngest, HttpServer, create_app
 
             self._gateway = HttpIngest(self.ingest, s)

@@ -161,7 +161,7 @@ class Ingest:
 
     def _release_partitions(self, consumer: Consumer, timeout_s: float = 10.0) -> None:
         """Unsubscribe and serve the revocation before close(): a rebalance callback run by close()
-        itself can hang forever in rd_kafka_rebalance_protocol() (librdkafka #4041; seen here)."""
+        itself can hang forever in rd_kafka_rebalance_protocol() (librdkafka #4041)."""
         consumer.unsubscribe()
         deadline = time.monotonic() + timeout_s
         # Serve at least once even with nothing assigned: a join still in flight (a consumer that was
