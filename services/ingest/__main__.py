@@ -50,19 +50,19 @@ class IngestService:
         self.ingest.start()
         s = self.settings
         if s.http_port:
-            # Imported only when enabled: FastAPI takes seconds to import on a busy 2-core box, and a
-            # restarted replica should be back in its consumer group as soon as it can.
+            # Imported only when enabled: FastAPI is slow to import, and a restarted replica should be
+            # back in its consumer group as soon as it can.
             from services.ingest.http import HttpIngest, HttpServer, create_app
 
             self._gateway = HttpIngest(self.ingest, s)
-            self._http = HttpServer(create_app(self._gateway, self.tracer), s.http_host, s.http_port)
+            self._http = HttpServer(create_app(self._gateway, self.tracer), s.bind_host, s.http_port)
             self._http.start()
 
     def run(self) -> None:
         try:
             self.ingest.run()
         except FatalKafkaError as e:
-            if e.fenced or not self.settings.restart_on_fatal:
+            if e.fenced or not self.settings.tuning.restart_on_fatal:
                 raise
             log.critical("%s: restarting the process in place (a fresh client fences the broken one)", e)
             self._restart()
@@ -82,10 +82,11 @@ class IngestService:
 
 def build(settings: IngestSettings, tracer: Tracer, _tls: TlsIdentity | None) -> Wiring:
     streams = load_configured_streams(settings.job_specs, settings.streams_file)
-    watchdog = CallWatchdog(settings.stuck_call_restart_s) if settings.stuck_call_restart_s else None
+    stuck_s = settings.tuning.stuck_call_restart_s
+    watchdog = CallWatchdog(stuck_s) if stuck_s else None
     ingest = Ingest(settings, streams, tracer=tracer, watchdog=watchdog)
     # Control pushes the streams of its jobs to the gRPC address this instance registers.
-    grpc = GrpcEndpoint(settings.grpc_host, settings.grpc_port, grpc_services(ingest))
+    grpc = GrpcEndpoint(settings.bind_host, settings.grpc_port, grpc_services(ingest))
     return Wiring(
         IngestService(ingest, settings, tracer),
         grpc=grpc if settings.grpc_port else None,

@@ -24,7 +24,12 @@ from services.ingest.metrics import WATERMARK_MS
 from services.ingest.packing import ValidTopicShapes
 from services.ingest.pipeline import SERVICE, BatchStats, Consumed, Pipeline, select_records
 from services.ingest.progress import GroupProgress
-from services.ingest.settings import KAFKA_TIMEOUT_S, IngestSettings
+from services.ingest.settings import (
+    KAFKA_TIMEOUT_S,
+    MIN_EVENT_TIME_MS,
+    PROGRESS_INTERVAL_MS,
+    IngestSettings,
+)
 from services.ingest.streams import StreamDefinition, StreamsUpdate, family_topics, merge_streams
 from services.ingest.tracing import ReceiveSpans, RecordGate
 from services.ingest.transactions import Transactions, rewind, unguarded
@@ -71,7 +76,7 @@ class Ingest:
             max_record_bytes=settings.max_record_bytes,
             max_future_ms=settings.max_future_ms,
             max_past_ms=settings.max_past_ms,
-            min_event_time_ms=settings.min_event_time_ms,
+            min_event_time_ms=MIN_EVENT_TIME_MS,
         )
         self.now_ms = now_ms
         # Without a tracer from shared.tracing.setup_tracing the gate is off: no record is traced.
@@ -106,7 +111,7 @@ class Ingest:
             s, self.policy, self._transactions, gate, self._isolation, self._shapes.shape
         )
         self._consumer = Consumer(
-            consumer_config(s.kafka_bootstrap, s.group_id, **self._group_config()),
+            consumer_config(s.kafka_bootstrap, s.tuning.group_id, **self._group_config()),
             logger=logging.getLogger("librdkafka.consumer"),
         )
         self._subscribe()
@@ -114,7 +119,7 @@ class Ingest:
             self._watermark(topic)
         if track_progress:
             self.progress = GroupProgress(
-                s.kafka_bootstrap, s.group_id, lambda: sorted(self.streams), s.progress_interval_ms
+                s.kafka_bootstrap, s.tuning.group_id, lambda: sorted(self.streams), PROGRESS_INTERVAL_MS
             )
             self.progress.start()
         self.running.set()
@@ -126,7 +131,7 @@ class Ingest:
             # Eager rebalancing: every rebalance revokes everything and each assignment starts over
             # from the committed offsets and watermark state (see _restore_assigned).
             "partition.assignment.strategy": "roundrobin",
-            "session.timeout.ms": s.session_timeout_ms,
+            "session.timeout.ms": s.kafka_session_timeout_ms,
         }
         if s.static_membership:
             extra["group.instance.id"] = f"sf-ingest-{s.instance_id}"
@@ -156,7 +161,7 @@ class Ingest:
 
     def _release_partitions(self, consumer: Consumer, timeout_s: float = 10.0) -> None:
         """Unsubscribe and serve the revocation before close(): a rebalance callback run by close()
-        itself can hang forever in rd_kafka_rebalance_protocol() (librdkafka #4041; seen here)."""
+        itself can hang forever in rd_kafka_rebalance_protocol() (librdkafka #4041)."""
         consumer.unsubscribe()
         deadline = time.monotonic() + timeout_s
         # Serve at least once even with nothing assigned: a join still in flight (a consumer that was
@@ -307,7 +312,9 @@ class Ingest:
         if w is None:
             d = self.streams[topic]
             w = StreamWatermark(
-                d.watermark.max_out_of_orderness, d.watermark.allowed_lateness, self.settings.idle_timeout_ms
+                d.watermark.max_out_of_orderness,
+                d.watermark.allowed_lateness,
+                self.settings.tuning.idle_timeout_ms,
             )
             self.watermarks[topic] = w
         return w
@@ -333,12 +340,12 @@ class Ingest:
         if not self._between_batches():
             return BatchStats()
         rebalances = self._rebalances
-        s = self.settings
+        t = self.settings.tuning
         msgs = consume_batch(
             self._consumer,
-            s.batch_max_records,
-            s.batch_max_wait_ms / 1000,
-            s.batch_linger_ms / 1000,
+            t.batch_max_records,
+            t.batch_max_wait_ms / 1000,
+            t.batch_linger_ms / 1000,
             not_before=self._next_transaction_at,
         )
         # Selected before the rebalance check: a fatal consumer error raises even from a batch that is
@@ -381,7 +388,7 @@ class Ingest:
         """The batch in one transaction; None when it was aborted (and will be read again)."""
         assert self._consumer is not None and self._pipeline is not None
         started = time.perf_counter()
-        self._next_transaction_at = time.monotonic() + self.settings.transaction_interval_ms / 1000
+        self._next_transaction_at = time.monotonic() + self.settings.tuning.transaction_interval_ms / 1000
         snapshot = {t: w.snapshot() for t, w in self.watermarks.items()}
         receipts = ReceiveSpans(self.tracer)
         try:

@@ -1,11 +1,11 @@
 """Record sizes as the producer counts them, and dead letters cut down to fit the message limit.
 
-A record ingest writes is its key, its value and its headers: a 550 KB event with a two-field key is
-a 1.1 MB record on ``<topic>.valid`` (the key repeats the key fields). librdkafka refuses a record
-larger than the producer's ``message.max.bytes`` at ``produce()`` (MSG_SIZE_TOO_LARGE), and inside a
-transaction that used to abort the whole batch, which was then read again, forever. So every record
-is measured before it is produced: one that cannot be forwarded is dead-lettered instead, and a dead
-letter that would not fit either is truncated, saying so in its headers.
+A record ingest writes is its key, its value and its headers (a key repeats the key fields, so a
+record can be much larger than its event). librdkafka refuses a record larger than the producer's
+``message.max.bytes`` at ``produce()`` (MSG_SIZE_TOO_LARGE); inside a transaction that aborts the
+whole batch, which is read again, forever. So every record is sized before it is produced: one that
+cannot be forwarded is dead-lettered instead, and a dead letter that would not fit either is
+truncated, saying so in its headers.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def too_large(
         return None
     return (
         f"the record for {topic} would be {size} bytes (key {_length(key)}, value {_length(value)}, "
-        f"headers {headers_size(headers)}); the message limit is {limit} (SF_INGEST_MAX_MESSAGE_BYTES)"
+        f"headers {headers_size(headers)}); the message limit is {limit}"
     )
 
 

@@ -29,7 +29,7 @@ from opentelemetry.trace import SpanKind
 from services.ingest.deadletters import fit, too_large
 from services.ingest.errors import IngestError
 from services.ingest.metrics import HTTP_EVENTS
-from services.ingest.settings import IngestSettings
+from services.ingest.settings import HTTP_ACK_TIMEOUT_MS, MAX_MESSAGE_BYTES, IngestSettings
 from services.ingest.streams import StreamDefinition
 from services.ingest.tracing import RecordGate
 from services.ingest.validate import (
@@ -117,7 +117,7 @@ class HttpIngest:
                 "linger.ms": 5,
                 "compression.type": "lz4",
                 "queue.buffering.max.messages": self.queue_limit,
-                "message.max.bytes": s.max_message_bytes,
+                "message.max.bytes": MAX_MESSAGE_BYTES,
             },
             logger=logging.getLogger("librdkafka.http"),
         )
@@ -128,8 +128,9 @@ class HttpIngest:
     def overloaded(self, topic: str, count: int) -> str | None:
         """Why the pipeline cannot take ``count`` more events of ``topic`` now (None: it can)."""
         lag = self.catalog.lag(topic)
-        if lag is not None and lag > self.settings.http_max_lag_records:
-            return f"ingest lags {lag} records behind on {topic} (limit {self.settings.http_max_lag_records})"
+        limit = self.settings.tuning.http_max_lag_records
+        if lag is not None and lag > limit:
+            return f"ingest lags {lag} records behind on {topic} (limit {limit})"
         if len(self.producer) + count > self.queue_limit:
             return f"the producer queue holds {len(self.producer)} records not yet acknowledged"
         return None
@@ -168,9 +169,7 @@ class HttpIngest:
         verdict = validator.check_parsed(raw, doc, now)
         if isinstance(verdict, ValidEvent):
             # Room for the trace headers it may get when written.
-            why = too_large(
-                source.topic, verdict.key.encode(), raw, None, self.settings.max_message_bytes - TRACE_ROOM
-            )
+            why = too_large(source.topic, verdict.key.encode(), raw, None, MAX_MESSAGE_BYTES - TRACE_ROOM)
             if why is not None:
                 return Rejection(OVERSIZED_RECORD, why)
         return verdict
@@ -203,7 +202,7 @@ class HttpIngest:
                         SERVICE,
                         [(HDR_HTTP_INDEX, str(i).encode())],
                     ),
-                    self.settings.max_message_bytes,
+                    MAX_MESSAGE_BYTES,
                 )
                 queue_full = not self._produce(source.dlq_topic, key, value, headers, delivery, report)
                 DLQ_EVENTS.labels(SERVICE, source.topic, verdict.error_class).inc()
@@ -230,7 +229,7 @@ class HttpIngest:
         for i, r in enumerate(results):
             if i in errors or i not in reported:
                 # Not acknowledged: the client must send it again (a timeout may still have written it).
-                why = errors.get(i, f"not acknowledged within {self.settings.http_ack_timeout_ms} ms")
+                why = errors.get(i, f"not acknowledged within {HTTP_ACK_TIMEOUT_MS} ms")
                 results[i] = {**r, "status": "failed", "message": why}
                 failed += 1
         accepted = sum(1 for r in results if r["status"] == "accepted")
@@ -258,7 +257,7 @@ class HttpIngest:
         on_delivery: Any,
     ) -> bool:
         """Queue one record; False when the queue stayed full for the acknowledgement timeout."""
-        deadline = time.monotonic() + self.settings.http_ack_timeout_ms / 1000
+        deadline = time.monotonic() + HTTP_ACK_TIMEOUT_MS / 1000
         while True:
             try:
                 self.producer.produce(topic, key=key, value=value, headers=headers, on_delivery=on_delivery)
@@ -283,7 +282,7 @@ class HttpIngest:
             span.end()
 
     def _await(self, delivery: _Delivery) -> None:
-        deadline = time.monotonic() + self.settings.http_ack_timeout_ms / 1000
+        deadline = time.monotonic() + HTTP_ACK_TIMEOUT_MS / 1000
         while delivery.done < delivery.expected and time.monotonic() < deadline:
             self.producer.poll(0.02)
 
@@ -401,7 +400,7 @@ def create_app(gateway: HttpIngest, tracer: trace.Tracer | None = None) -> FastA
             return _error(400, f"the body is not valid JSON: {e}")
         if not isinstance(docs, list):
             return _error(400, f"the body must be a JSON array of events, got {type(docs).__name__}")
-        retry_after = {"Retry-After": str(settings.http_retry_after_s)}
+        retry_after = {"Retry-After": str(settings.tuning.http_retry_after_s)}
         why = gw.overloaded(topic, len(docs))
         if why is not None:
             return _error(429, f"{why}; retry later", retry_after)

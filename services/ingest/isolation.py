@@ -1,18 +1,11 @@
 """Finding the record the broker refuses, so that one record never stops its stream (pure, no I/O).
 
-Ingest measures every record before producing it (``deadletters``), so librdkafka itself refuses
-nothing. The broker still may: a topic with a smaller ``max.message.bytes``, a compacted topic and a
-record without a key, ... Such an error arrives in a delivery report, after the record was queued,
-and it leaves the transaction abortable: the whole batch is aborted, and the broker refuses the
-same record again when the batch is read again. Nor does the report tell which *input* record it
-was, and the broker may fail a whole produce request (every record of it) for one record in it.
-
-So after an abort whose delivery reports carry a record-level error, the batch is read again in
-halves, then quarters, ... until a transaction of one record fails: that record is the culprit. It
-goes to the DLQ (``produce_failed``, with the broker's error) on the next attempt, and batches are
-full-sized again. If even its dead letter is refused, it is dropped with an error in the log: nothing
-else can be done with it without stopping every stream of the service. Each culprit costs about
-log2(batch size) aborted transactions; records committed in between are committed once, as always.
+The broker may refuse a record librdkafka accepted (a smaller ``max.message.bytes`` on the topic, a
+compacted topic and no key, ...): the delivery report does not name the input record (one bad record
+may fail a whole produce request), the batch aborts, and the record fails again when it is read
+again. So the batch is read again in halves, quarters, ... until a one-record transaction fails:
+that record goes to the DLQ (``produce_failed``) on its next attempt, then batches are full size
+again. If even its dead letter is refused, it is dropped with an error in the log.
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ class Packer:
         known = self._topics.get(topic)
         if known is None:
             partitions, max_bytes = self._shape(topic)
-            # A topic that takes smaller records than the setting gets smaller packs: lz4 and the
+            # A topic that takes smaller records than valid_pack_bytes gets smaller packs: lz4 and the
             # record batch's own bytes stay well inside its limit.
             limit = min(self._limit, max_bytes * 3 // 4 - TOPIC_MARGIN_BYTES) if max_bytes else self._limit
             known = self._topics[topic] = (partitions, limit)
@@ -93,7 +93,7 @@ class ValidTopicShapes:
     """The partition count and ``max.message.bytes`` (what packs are cut to) of each stream's .valid
     topic, asked at stream set-up: never inside a transaction, where a broker that does not answer
     would hold it open. A topic that cannot be described is (0, 0): its packs go to any partition, at
-    the setting's size, and it is asked again ``SHAPE_RETRY_S`` later (``due``)."""
+    valid_pack_bytes, and it is asked again ``SHAPE_RETRY_S`` later (``due``)."""
 
     def __init__(self, bootstrap: str) -> None:
         self._bootstrap = bootstrap

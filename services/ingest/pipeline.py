@@ -22,7 +22,7 @@ from services.ingest.errors import FatalKafkaError
 from services.ingest.isolation import RECORD_ERRORS, Isolation
 from services.ingest.metrics import TRANSACTION_RECORDS, TRANSACTION_SECONDS
 from services.ingest.packing import Pack, Packer
-from services.ingest.settings import IngestSettings
+from services.ingest.settings import MAX_MESSAGE_BYTES, IngestSettings
 from services.ingest.streams import StreamDefinition
 from services.ingest.tracing import ReceiveSpans, RecordGate
 from services.ingest.transactions import Transactions
@@ -127,8 +127,8 @@ class Pipeline:
         self._gate = gate
         self._isolation = isolation
         self._valid_topic_shape = valid_topic_shape
-        self._max_message_bytes = settings.max_message_bytes
-        self._pack_limit = min(settings.valid_pack_bytes, settings.max_message_bytes - RECORD_OVERHEAD)
+        self._max_message_bytes = MAX_MESSAGE_BYTES
+        self._pack_limit = min(settings.tuning.valid_pack_bytes, MAX_MESSAGE_BYTES - RECORD_OVERHEAD)
         self._validators: dict[str, RecordValidator] = {}
 
     def run(

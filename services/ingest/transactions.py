@@ -17,7 +17,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 from services.ingest.errors import FatalKafkaError, IngestError
 from services.ingest.isolation import RECORD_ERRORS
 from services.ingest.packing import ANY_PARTITION
-from services.ingest.settings import KAFKA_TIMEOUT_S, IngestSettings
+from services.ingest.settings import KAFKA_TIMEOUT_S, MAX_MESSAGE_BYTES, IngestSettings
 from shared.kafka import first_offsets
 
 log = logging.getLogger(__name__)
@@ -37,17 +37,17 @@ class Transactions:
     def __init__(self, settings: IngestSettings, guard: Guard = unguarded) -> None:
         self._guard = guard
         # A full local queue that stays full this long means the broker does not keep up.
-        self._queue_wait_s = settings.transaction_timeout_ms / 1000
+        self._queue_wait_s = settings.tuning.transaction_timeout_ms / 1000
         self._delivery_errors: list[KafkaError] = []  # of the current transaction (failures only)
         self.producer = Producer(
             {
                 "bootstrap.servers": settings.kafka_bootstrap,
                 "transactional.id": f"sf-ingest-{settings.instance_id}",
-                "transaction.timeout.ms": settings.transaction_timeout_ms,
+                "transaction.timeout.ms": settings.tuning.transaction_timeout_ms,
                 "enable.idempotence": True,
                 "linger.ms": 5,
                 "compression.type": "lz4",
-                "message.max.bytes": settings.max_message_bytes,
+                "message.max.bytes": MAX_MESSAGE_BYTES,
                 # Delivery reports only for failures: a refused record is looked for (see abort).
                 "on_delivery": self._delivery_failed,
                 "delivery.report.only.error": True,

@@ -20,7 +20,7 @@ from shared.tls import TlsIdentity
 
 def build(settings: SinkSettings, tracer: Tracer, _tls: TlsIdentity | None) -> Wiring:
     sink = Sink(settings, tracer=tracer)
-    grpc = GrpcEndpoint(settings.grpc_host, settings.grpc_port, grpc_services(sink), workers=2)
+    grpc = GrpcEndpoint(settings.bind_host, settings.grpc_port, grpc_services(sink), workers=2)
     return Wiring(sink, grpc=grpc if settings.grpc_port else None, metrics_port=settings.metrics_port)
 
 

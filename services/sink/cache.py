@@ -16,10 +16,8 @@ from dataclasses import dataclass
 
 from shared.records import WindowResult
 
-# The byte budget approximates what an entry really costs in CPython 3.11 (the decoded WindowResult,
-# its aggregates dict, strings, cache bookkeeping), measured with tracemalloc (tests/bench/bench_sink.py
-# reports it): about three times the serialized record plus 250 bytes, within ~4% for records of
-# 165-440 bytes (1-20 aggregates).
+# The byte budget approximates what an entry really costs in memory (the decoded WindowResult, its
+# aggregates dict, strings, cache bookkeeping): a multiple of the serialized record plus a fixed part.
 BYTES_PER_SERIALIZED_BYTE = 3
 ENTRY_OVERHEAD_BYTES = 250
 

@@ -27,7 +27,7 @@ from services.sink.cache import CacheEntry, TopicPartitionKey, entry_size
 from services.sink.deadletters import SERVICE, DeadLetters
 from services.sink.errors import DeadLetterError, SinkError
 from services.sink.flush import CacheFlusher
-from services.sink.settings import SinkSettings
+from services.sink.settings import DLQ_FLUSH_TIMEOUT_S, SHUTDOWN_FLUSH_TIMEOUT_S, SinkSettings
 from services.sink.writer import ResultWriter, parse_update
 from shared import constants
 from shared.jobspec import JobSpec
@@ -64,7 +64,7 @@ class Sink:
         self._stop = threading.Event()
         self._consumer: Consumer | None = None
         self._dead_letters = DeadLetters()
-        timeout_s = settings.redis_socket_timeout_ms / 1000
+        timeout_s = settings.tuning.redis_socket_timeout_ms / 1000
         client = redis.Redis.from_url(
             settings.redis_url,
             socket_timeout=timeout_s,
@@ -82,7 +82,7 @@ class Sink:
         self._paused = False
         self._pause_assignment = False
         self._retry_at = 0.0
-        self._backoff_ms = settings.redis_retry_initial_backoff_ms
+        self._backoff_ms = settings.tuning.redis_retry_initial_backoff_ms
         self.received = self._flusher.received  # updates read per job
         self.written = self._flusher.written  # windows written per job
         self._topics = sorted(set(settings.topics))
@@ -101,15 +101,17 @@ class Sink:
         self._ensure_topics(self._topics)
         self._dead_letters.open(s.kafka_bootstrap)
         self._consumer = Consumer(
-            consumer_config(s.kafka_bootstrap, s.group_id, **{"session.timeout.ms": s.session_timeout_ms}),
+            consumer_config(
+                s.kafka_bootstrap, s.tuning.group_id, **{"session.timeout.ms": s.kafka_session_timeout_ms}
+            ),
             logger=logging.getLogger("librdkafka.consumer"),
         )
         self._subscribe(self._topics)
         log.info(
-            "sinking %s into %s (commit every %d ms, cache %d bytes)",
+            "sinking %s into %s (commit every %g s, cache %d bytes)",
             ", ".join(self._topics),
             redacted_url(s.redis_url),  # never the password in a log
-            s.commit_interval_ms,
+            s.commit_interval_s,
             s.cache_max_bytes_buffering,
         )
 
@@ -178,9 +180,9 @@ class Sink:
             self.run_once()
 
     def close(self) -> None:
-        """Write what is cached and commit (bounded by shutdown_flush_timeout_ms), then leave the group."""
+        """Write what is cached and commit (bounded by SHUTDOWN_FLUSH_TIMEOUT_S), then leave the group."""
         if self._consumer is not None:
-            deadline = self._clock() + self.settings.shutdown_flush_timeout_ms / 1000
+            deadline = self._clock() + SHUTDOWN_FLUSH_TIMEOUT_S
             while True:
                 try:
                     self._flush_and_commit("shutdown")
@@ -195,28 +197,28 @@ class Sink:
                     time.sleep(self._next_backoff_s())
             close_consumer(self._consumer)
             self._consumer = None
-        self._dead_letters.close(self.settings.dlq_flush_timeout_ms / 1000)
+        self._dead_letters.close(DLQ_FLUSH_TIMEOUT_S)
 
     # --- the loop -------------------------------------------------------------------------------
     def run_once(self) -> int:
         """Read one batch into the cache, then write what has to go; returns the records read."""
         consumer = self._consumer
         assert consumer is not None, "start() first"
-        s = self.settings
+        s, t = self.settings, self.settings.tuning
         with self._topics_lock:
             wanted, self._wanted_topics = self._wanted_topics, None
         if wanted is not None:
             self._subscribe(wanted)
         if self._pause_assignment:
             self._pause()
-        wait_s = s.batch_max_wait_ms / 1000
+        wait_s = t.batch_max_wait_ms / 1000
         if self._paused:
             wait_s = min(wait_s, max(0.0, self._retry_at - self._clock()))
         elif self.unwritten:  # an idle wait must not hold back the next flush
-            due_s = self._last_commit + s.commit_interval_ms / 1000 - self._clock()
+            due_s = self._last_commit + s.commit_interval_s - self._clock()
             wait_s = min(wait_s, max(0.0, due_s))
         # While paused this returns nothing but keeps the group membership (max.poll.interval.ms).
-        msgs = consume_batch(consumer, s.batch_max_records, wait_s, s.batch_linger_ms / 1000)
+        msgs = consume_batch(consumer, t.batch_max_records, wait_s, t.batch_linger_ms / 1000)
         records = [msg for msg in msgs if is_record(msg)]
         started = time.perf_counter()
         jobs = self._absorb(records)
@@ -226,9 +228,9 @@ class Sink:
             return len(records)
         try:
             self._flusher.write_evicted("eviction")
-            if self._clock() - self._last_commit >= s.commit_interval_ms / 1000:
+            if self._clock() - self._last_commit >= s.commit_interval_s:
                 self._flush_and_commit("commit")
-            elif s.write_when_caught_up and len(msgs) < s.batch_max_records and self._flusher.cache:
+            elif t.write_when_caught_up and len(msgs) < t.batch_max_records and self._flusher.cache:
                 # Caught up (this batch took all there was): nothing more to fold for now, so the
                 # cache goes to Redis at once; the offsets are still committed per interval.
                 self._flusher.write_cache("caught_up")
@@ -279,7 +281,7 @@ class Sink:
         if not self._positions:
             return
         # Dead letters must be in Kafka before the offsets of their records are committed.
-        undelivered = self._dead_letters.flush(self.settings.dlq_flush_timeout_ms / 1000)
+        undelivered = self._dead_letters.flush(DLQ_FLUSH_TIMEOUT_S)
         self._dead_letters.check()
         if undelivered:
             log.warning("%d dead letter(s) not yet delivered; commit postponed", undelivered)
@@ -296,7 +298,7 @@ class Sink:
     # --- Redis outages --------------------------------------------------------------------------
     def _next_backoff_s(self) -> float:
         backoff_ms = self._backoff_ms
-        self._backoff_ms = min(self._backoff_ms * 2, self.settings.redis_retry_max_backoff_ms)
+        self._backoff_ms = min(self._backoff_ms * 2, self.settings.tuning.redis_retry_max_backoff_ms)
         return backoff_ms / 1000
 
     def _on_redis_failure(self, error: redis.RedisError) -> None:
@@ -319,7 +321,7 @@ class Sink:
         assert self._consumer is not None
         self._consumer.resume(self._consumer.assignment())
         self._paused = False
-        self._backoff_ms = self.settings.redis_retry_initial_backoff_ms
+        self._backoff_ms = self.settings.tuning.redis_retry_initial_backoff_ms
         m.CONSUMPTION_PAUSED.set(0)
         log.info("redis writes work again: consumption resumed")
 

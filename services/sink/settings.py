@@ -1,59 +1,92 @@
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from shared import constants
-from shared.settings import BaseServiceSettings
+from shared.settings import BaseServiceSettings, tuning_field
+
+# How long SIGTERM waits for a last write to Redis before leaving the rest to be replayed.
+SHUTDOWN_FLUSH_TIMEOUT_S = 10.0
+# How long a commit waits for the dead letters to reach the broker before it is postponed.
+DLQ_FLUSH_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class SinkTuning:
+    """Internal constants of the sink, each with its reason."""
+
+    # Every replica's consumer group; tests isolate theirs.
+    group_id: str = "sf-sink"
+    # A batch is what was already fetched, else the first update within batch_max_wait_ms, plus what
+    # arrives within batch_linger_ms, up to batch_max_records; it never waits past the next commit.
+    batch_max_records: Annotated[int, Field(ge=1)] = 2_000
+    batch_max_wait_ms: Annotated[int, Field(ge=1)] = 200
+    batch_linger_ms: Annotated[int, Field(ge=0)] = 5
+    # The commit interval when commit_interval_ms is 0: an update reaches Redis soon, while the cache
+    # still folds the updates a micro-batch or a real-time stream sends for one window.
+    default_commit_interval_ms: Annotated[int, Field(ge=1)] = 100
+    # A batch smaller than batch_max_records took all there was: the cache is written then, not at the
+    # next commit (offsets still commit per interval); full batches keep folding the whole interval.
+    write_when_caught_up: bool = True
+    # While Redis fails, consumption is paused and the write retried with exponential backoff.
+    redis_retry_initial_backoff_ms: Annotated[int, Field(ge=1)] = 50
+    redis_retry_max_backoff_ms: Annotated[int, Field(ge=10)] = 5_000
+    # A Redis call that takes longer counts as failed (and is retried): a slow Redis pauses consumption.
+    redis_socket_timeout_ms: Annotated[int, Field(ge=10)] = 5_000
 
 
 class SinkSettings(BaseServiceSettings):
     model_config = SettingsConfigDict(env_prefix="SF_SINK_", extra="ignore", populate_by_name=True)
-    # SF_PROFILE=throughput: the cache folds a second of updates per window before writing them.
-    THROUGHPUT: ClassVar[dict[str, Any]] = {
-        "batch_linger_ms": 50,
-        "commit_interval_ms": 1_000,
-        "write_when_caught_up": False,
+    TUNING: ClassVar[dict[str, Any]] = {
+        "latency": SinkTuning(),
+        # The cache folds updates per window for longer before writing them.
+        "throughput": replace(
+            SinkTuning(), batch_linger_ms=50, default_commit_interval_ms=1_000, write_when_caught_up=False
+        ),
     }
 
-    # Always read; control adds the output topics of the running windowed jobs (ApplyStreams).
-    topics: list[str] = Field(default_factory=lambda: [constants.DEFAULT_AGGREGATES_TOPIC])
-    group_id: str = "sf-sink"
-    # A replica that dies without leaving the group (SIGKILL) keeps its partitions this long.
-    session_timeout_ms: int = Field(10_000, ge=1_000)
-    # The sink's share of the latency budget (README: "Latency budget"): a batch is what was already
-    # fetched, else the first update within batch_max_wait_ms, plus what arrives within
-    # batch_linger_ms; it never waits past the next due flush.
-    batch_max_records: int = Field(2_000, ge=1)
-    batch_max_wait_ms: int = Field(200, ge=1)
-    batch_linger_ms: int = Field(5, ge=0)
-    # KIP-63 record cache. Every commit_interval_ms the whole cache is written to Redis and then the
-    # offsets are committed; in between, cache_max_bytes_buffering (0: no cache, every update is
-    # written) bounds the dirty entries, and the least recently updated ones are written to make room.
-    # 100 ms: an update is in Redis at most ~100 ms after it was read, and the cache still folds the
-    # updates of a window that a micro-batch or a real-time stream sends within that time.
-    commit_interval_ms: int = Field(100, ge=1)
-    # Latency: a batch smaller than batch_max_records took all there was to read, so the cache is
-    # written then instead of at the next commit (offsets still commit every commit_interval_ms).
-    # Full batches (a backlog, a burst) keep folding for the whole interval.
-    write_when_caught_up: bool = True
-    cache_max_bytes_buffering: int = Field(32 * 1024 * 1024, ge=0)
-    # Retention (0: forever). A window hash expires this long after its last update; a key's window
-    # index drops windows starting this much (event time) before the window being written; the index
-    # and the job's key set expire this long after their last write.
-    window_ttl_ms: int = Field(0, ge=0)
-    # Redis down or slow: consumption is paused and the write retried with exponential backoff.
-    redis_retry_initial_backoff_ms: int = Field(50, ge=1)
-    redis_retry_max_backoff_ms: int = Field(5_000, ge=10)
-    redis_socket_timeout_ms: int = Field(5_000, ge=10)
-    # How long SIGTERM waits for a last write to Redis before leaving the rest to be replayed.
-    shutdown_flush_timeout_ms: int = Field(10_000, ge=0)
-    # How long a dead-lettered record may take to reach the broker before a commit gives up.
-    dlq_flush_timeout_ms: int = Field(30_000, ge=100)
-    metrics_port: int = 9103
-    # StreamConfig (control pushes the active jobs: their output topics are sunk too) and
-    # grpc.health.v1; 0: no gRPC server and no registration with control.
-    grpc_port: int = Field(6126, ge=0)
-    grpc_host: str = "127.0.0.1"
+    topics: list[str] = Field(
+        default_factory=lambda: [constants.DEFAULT_AGGREGATES_TOPIC],
+        description="window result topics always read; control adds the output topics of running "
+        "windowed jobs",
+    )
+    window_ttl_ms: int = Field(
+        0,
+        ge=0,
+        description="retention: a window expires this long after its last update, and a key's index "
+        "drops windows starting this much (event time) before the one written; 0: forever",
+    )
+    cache_max_bytes_buffering: int = Field(
+        32 * 1024 * 1024,
+        ge=0,
+        description="the record cache's budget of unwritten updates; past it the least recently updated "
+        "are written; 0: no cache, every update is written",
+    )
+    commit_interval_ms: int = Field(
+        0,
+        ge=0,
+        description="how often the cache is written to Redis and then the offsets committed; 0: the "
+        "profile's (100 ms for `latency`, 1 s for `throughput`)",
+    )
+    metrics_port: int = Field(9103, description="Prometheus `/metrics`")
+    grpc_port: int = Field(
+        6126,
+        ge=0,
+        description="StreamConfig (control pushes the running jobs, whose output topics are sunk too) and "
+        "grpc.health.v1; 0: no gRPC server and no registration with control",
+    )
+    tuning_overrides: dict[str, Any] = tuning_field("SF_SINK_")
+
+    if TYPE_CHECKING:
+
+        @property
+        def tuning(self) -> SinkTuning: ...
+
+    @property
+    def commit_interval_s(self) -> float:
+        """Seconds between commits: ``commit_interval_ms``, or the profile's when that is 0."""
+        return (self.commit_interval_ms or self.tuning.default_commit_interval_ms) / 1000

@@ -29,10 +29,9 @@ UPSERT_MANY_FUNCTION = "sf_sink_upsert_windows_v2"
 # Arguments of a window in an sf_sink_upsert_windows_v2 call before its aggregates' name/value pairs.
 _FIXED_ARGS = 8
 
-# Applies one window update only if its version is newer than the stored one, so replays and reordered
-# deliveries never regress a value. Aggregates are absolute values, never increments.
-# KEYS: window hash, the key's window index (zset), the job's key set.
-# ARGV: version, window_start, key, ttl_ms, index_trim_below, then the hash's field/value pairs.
+# A window update applies only if its version is newer than the stored one: replays and reordered
+# deliveries never regress a value (aggregates are absolute values, never increments). upsert_window's
+# KEYS: hash, key's index, job's key set; ARGV: version, window_start, key, ttl_ms, index_trim_below, fields.
 _LIBRARY_CODE = f"""#!lua name={LIBRARY}
 
 local function upsert_window(keys, args)

@@ -140,12 +140,11 @@ def _ingest(bootstrap: str, topic: str) -> float:
     )
     settings = IngestSettings(
         kafka_bootstrap=bootstrap,
-        group_id=f"bench-ingest-{uuid.uuid4().hex[:8]}",
         instance_id=f"bench-{uuid.uuid4().hex[:8]}",
-        batch_max_records=BATCH,
         max_future_ms=0,
         grpc_port=0,
         http_port=0,
+        tuning_overrides={"group_id": f"bench-ingest-{uuid.uuid4().hex[:8]}", "batch_max_records": BATCH},
     )
     ingest = Ingest(settings, [stream])
     ingest.start(track_progress=False)

@@ -69,8 +69,8 @@ def drain(bootstrap: str, redis_url: str, topic: str, job: str, n: int, cache_by
         kafka_bootstrap=bootstrap,
         redis_url=redis_url,
         topics=[topic],
-        group_id=f"bench-{uuid.uuid4().hex[:8]}",
         cache_max_bytes_buffering=cache_bytes,
+        tuning_overrides={"group_id": f"bench-{uuid.uuid4().hex[:8]}"},
     )
     sink = Sink(settings)
     sink.start()

@@ -55,10 +55,10 @@ def fill_valid(bootstrap: str, spec: JobSpec, expected: int, timeout_s: float = 
     """Run ingest's loop over the raw topic until it forwarded ``expected`` events; returns events/s."""
     settings = IngestSettings(
         kafka_bootstrap=bootstrap,
-        group_id=f"bench-fill-{uuid.uuid4().hex[:8]}",
         instance_id=f"bench-fill-{uuid.uuid4().hex[:8]}",
         grpc_port=0,
         http_port=0,
+        tuning_overrides={"group_id": f"bench-fill-{uuid.uuid4().hex[:8]}"},
     )
     ingest = Ingest(settings, StreamDefinition.of_job(spec))
     ingest.start(track_progress=False)

@@ -71,8 +71,8 @@ def start(cfg: StackConfig, name: str, tag: str) -> None:
         "control": CONTROL_ENV,
         "processor": PROCESSOR_ENV,
         # Own consumer groups: other modules' ingest and sink never inherit these topics' partitions.
-        "ingest": {"SF_INGEST_GROUP_ID": f"sf-ingest-{tag}"},
-        "sink": {"SF_SINK_GROUP_ID": f"sf-sink-{tag}"},
+        "ingest": {"SF_INGEST_TUNING": json.dumps({"group_id": f"sf-ingest-{tag}"})},
+        "sink": {"SF_SINK_TUNING": json.dumps({"group_id": f"sf-sink-{tag}"})},
     }[name]
     start_service(cfg, name, env)
 

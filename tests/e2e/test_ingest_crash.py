@@ -55,6 +55,7 @@ class Replicas:
     spec: Path
     topic: str
     extra_env: dict[str, str]
+    tuning: dict[str, object]  # IngestTuning overrides, besides the test's own consumer group
     started: list[str] = dataclasses.field(default_factory=list)
 
     def start(self, replica: str, metrics_port: int, http_port: int = 0) -> None:
@@ -62,7 +63,7 @@ class Replicas:
             **service_env(self.cfg),
             "SF_INGEST_JOB_SPECS": orjson.dumps([str(self.spec)]).decode(),
             "SF_INGEST_INSTANCE_ID": f"{self.topic}-{replica}",
-            "SF_INGEST_GROUP_ID": f"g-{self.topic}",
+            "SF_INGEST_TUNING": orjson.dumps({"group_id": f"g-{self.topic}", **self.tuning}).decode(),
             "SF_INGEST_METRICS_PORT": str(metrics_port),
             "SF_INGEST_HTTP_PORT": str(http_port),
             "SF_INGEST_GRPC_PORT": "0",
@@ -106,11 +107,13 @@ class Replicas:
 def make_replicas(stack_cfg: StackConfig, kafka_bootstrap: str, unique: str, tmp_path: Path) -> Iterator:
     made: list[Replicas] = []
 
-    def make(partitions: int, ooo: str = "1d", **extra_env: str) -> Replicas:
+    def make(
+        partitions: int, ooo: str = "1d", tuning: dict[str, object] | None = None, **extra_env: str
+    ) -> Replicas:
         spec = tmp_path / "job.yaml"
         spec.write_text(SPEC.format(name=unique, ooo=ooo))
         ensure_topics(kafka_bootstrap, [unique], partitions=partitions)
-        r = Replicas(stack_cfg, spec, unique, extra_env)
+        r = Replicas(stack_cfg, spec, unique, extra_env, tuning or {})
         made.append(r)
         return r
 
@@ -267,7 +270,7 @@ def check_exactly_once(bootstrap: str, topic: str, load: Load) -> tuple[int, int
 def test_repeated_sigkill_under_load_loses_and_duplicates_nothing(
     make_replicas, kafka_bootstrap: str
 ) -> None:  # type: ignore[no-untyped-def]
-    replicas: Replicas = make_replicas(partitions=2, ooo="5s", SF_INGEST_BATCH_MAX_RECORDS="50")
+    replicas: Replicas = make_replicas(partitions=2, ooo="5s", tuning={"batch_max_records": 50})
     port = replicas.cfg.metrics_ports[0]
     load = Load(kafka_bootstrap, replicas.topic, n=20_000, per_second=1_500)
     load.start()
@@ -340,9 +343,8 @@ def test_two_replicas_rebalance_one_killed_one_added(make_replicas, kafka_bootst
     replicas: Replicas = make_replicas(
         partitions=4,
         ooo="5s",
-        SF_INGEST_SESSION_TIMEOUT_MS="6000",
-        SF_INGEST_TRANSACTION_TIMEOUT_MS="6000",
-        SF_INGEST_BATCH_MAX_RECORDS="500",
+        tuning={"transaction_timeout_ms": 6_000, "batch_max_records": 500},
+        SF_KAFKA_SESSION_TIMEOUT_MS="6000",
     )
     a, b, c = replicas.cfg.metrics_ports
     replicas.start("a", a)

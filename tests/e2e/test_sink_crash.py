@@ -60,12 +60,11 @@ def sink_process(
     ensure_topics(kafka_bootstrap, [topic], partitions=2)
     env = {
         "SF_SINK_TOPICS": json.dumps([topic]),
-        "SF_SINK_GROUP_ID": unique,
         # Long enough that updates likely sit in the cache when the sink is killed in step 4.
         "SF_SINK_COMMIT_INTERVAL_MS": "2000",
         "SF_SINK_CACHE_MAX_BYTES_BUFFERING": "100000",
-        "SF_SINK_REDIS_RETRY_MAX_BACKOFF_MS": "500",
-        "SF_SINK_SESSION_TIMEOUT_MS": "6000",
+        "SF_SINK_TUNING": json.dumps({"group_id": unique, "redis_retry_max_backoff_ms": 500}),
+        "SF_KAFKA_SESSION_TIMEOUT_MS": "6000",
     }
 
     def start() -> int:

@@ -50,19 +50,21 @@ def stream_definition(topic: str, out_of_orderness: str = "5s", lateness: str = 
 HTTP_TOKEN = "test-ingest-http-token"  # what the HTTP tests send (SF_INGEST_HTTP_TOKENS)
 
 
-def ingest_settings(bootstrap: str, name: str, **overrides: Any) -> IngestSettings:
+def ingest_settings(
+    bootstrap: str, name: str, tuning: dict[str, Any] | None = None, **overrides: Any
+) -> IngestSettings:
+    """Settings of a test's own ingest (its own group and transactional id); ``tuning`` overrides
+    IngestTuning's values."""
     values: dict[str, Any] = {
         "kafka_bootstrap": bootstrap,
         "http_tokens": [HTTP_TOKEN],
-        "group_id": f"g-{name}",
         "instance_id": name,
-        "batch_max_wait_ms": 200,
-        "idle_timeout_ms": 60_000,
         "max_future_ms": 0,  # the test data is from 2026-01-01, whatever today is
         "max_past_ms": 0,
         **overrides,
     }
-    return IngestSettings(**values)
+    tuned = {"group_id": f"g-{name}", "batch_max_wait_ms": 200, "idle_timeout_ms": 60_000, **(tuning or {})}
+    return IngestSettings(**values, tuning_overrides=tuned)
 
 
 def drain(ingest: Ingest, expected: int, timeout_s: float = 60) -> int:
@@ -150,7 +152,7 @@ def test_forwarded_events_are_packed_in_their_keys_partitions_in_order(
         )
     assert producer.flush(30) == 0
 
-    settings = ingest_settings(kafka_bootstrap, unique, valid_pack_bytes=pack_bytes, topic_partitions=3)
+    settings = ingest_settings(kafka_bootstrap, unique, {"valid_pack_bytes": pack_bytes}, topic_partitions=3)
     # Tracing off whatever an earlier test set up globally: a record chosen to trace goes alone too.
     ingest = Ingest(settings, [stream], tracer=trace.NoOpTracer())
     ingest.start(track_progress=False)
@@ -198,7 +200,7 @@ def test_streams_from_control_pack_to_their_valid_topics_shape(kafka_bootstrap: 
     good = [{"page": f"/p{i % 5}", "ts": BASE_MS + i, "v": i} for i in range(1_000)]
     produce_all(kafka_bootstrap, stream.topic, [orjson.dumps(e) for e in good])
 
-    settings = ingest_settings(kafka_bootstrap, unique, valid_pack_bytes=16_384, topic_partitions=3)
+    settings = ingest_settings(kafka_bootstrap, unique, {"valid_pack_bytes": 16_384}, topic_partitions=3)
     ingest = Ingest(settings, [], tracer=trace.NoOpTracer())
     ingest.start(track_progress=False)
     loop = threading.Thread(target=ingest.run, daemon=True)
@@ -338,7 +340,7 @@ def test_transactions_are_spaced_by_the_interval_at_low_rates(kafka_bootstrap: s
         ensure_topics(kafka_bootstrap, [stream.topic], partitions=1)
         count = REGISTRY.get_sample_value("ingest_transaction_records_count") or 0.0
         settings = ingest_settings(
-            kafka_bootstrap, stream.topic, batch_linger_ms=5, transaction_interval_ms=interval_ms
+            kafka_bootstrap, stream.topic, {"batch_linger_ms": 5, "transaction_interval_ms": interval_ms}
         )
         ingest = Ingest(settings, [stream])
         ingest.start()

@@ -77,7 +77,7 @@ def test_the_late_set_is_the_same_whatever_the_batch_size_pace_or_restarts(
             stream = stream_definition(f"{unique}-{run}", out_of_orderness="5s", lateness="1s")
             ensure_topics(kafka_bootstrap, [stream.topic], partitions=PARTITIONS)
             settings = ingest_settings(
-                kafka_bootstrap, f"{unique}-{run}", batch_max_records=batch, batch_max_wait_ms=50
+                kafka_bootstrap, f"{unique}-{run}", {"batch_max_records": batch, "batch_max_wait_ms": 50}
             )
             ingest = Ingest(settings, [stream])
             if not paced:
@@ -98,7 +98,7 @@ def test_the_late_set_is_the_same_whatever_the_batch_size_pace_or_restarts(
     stream = stream_definition(f"{unique}-restart", out_of_orderness="5s", lateness="1s")
     ensure_topics(kafka_bootstrap, [stream.topic], partitions=PARTITIONS)
     _produce(producer, stream.topic, events)
-    settings = ingest_settings(kafka_bootstrap, f"{unique}-restart", batch_max_records=37)
+    settings = ingest_settings(kafka_bootstrap, f"{unique}-restart", {"batch_max_records": 37})
     first = Ingest(settings, [stream])
     first.start(track_progress=False)
     try:

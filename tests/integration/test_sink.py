@@ -134,14 +134,19 @@ def run_until(
 
 
 def sink_settings(
-    bootstrap: str, redis_url: str, topic: str, group: str, **overrides: object
+    bootstrap: str,
+    redis_url: str,
+    topic: str,
+    group: str,
+    tuning: dict[str, object] | None = None,
+    **overrides: object,
 ) -> SinkSettings:
+    """Settings of a test's own sink, in consumer group ``group``; ``tuning`` overrides SinkTuning's."""
     return SinkSettings(
         kafka_bootstrap=bootstrap,
         redis_url=redis_url,
         topics=[topic],
-        group_id=group,
-        batch_max_wait_ms=100,
+        tuning_overrides={"group_id": group, "batch_max_wait_ms": 100, **(tuning or {})},
         **overrides,
     )
 
@@ -381,7 +386,7 @@ def test_caught_up_the_cache_is_written_at_once_and_offsets_still_wait_for_the_i
     produce_updates(kafka_bootstrap, topic, second)
     run_until(sink, lambda: redis_state(redis_client, unique) == oracle(first + second))
     assert committed(kafka_bootstrap, unique, topic, 1) == {0: 0}
-    clock.now += sink.settings.commit_interval_ms / 1000
+    clock.now += sink.settings.commit_interval_s
     run_until(sink, lambda: committed(kafka_bootstrap, unique, topic, 1) == {0: len(first + second)})
     assert sink.unwritten == 0
 
@@ -402,10 +407,10 @@ def test_the_cache_cuts_writes_and_leaves_the_same_final_state(
             redis_url,
             topic,
             job,
+            # Only the interval and the budget decide the writes.
+            {"batch_max_records": 100, "write_when_caught_up": False},
             cache_max_bytes_buffering=budget,
             commit_interval_ms=1_000,
-            batch_max_records=100,
-            write_when_caught_up=False,  # only the interval and the budget decide the writes
         )
         sink = start(started, settings, clock=clock)
 
@@ -447,10 +452,12 @@ def test_redis_outage_pauses_consumption_commits_nothing_and_loses_nothing(
             redis_url,
             topic,
             unique,
+            {
+                "redis_retry_initial_backoff_ms": 50,
+                "redis_retry_max_backoff_ms": 200,
+                "redis_socket_timeout_ms": 1_000,
+            },
             commit_interval_ms=100,
-            redis_retry_initial_backoff_ms=50,
-            redis_retry_max_backoff_ms=200,
-            redis_socket_timeout_ms=1_000,
         ),
     )
     run_until(sink, lambda: redis_state(redis_client, unique) == oracle(before))
@@ -488,7 +495,7 @@ def test_redis_out_of_memory_pauses_instead_of_dead_lettering(
     ensure_topics(kafka_bootstrap, [topic], partitions=2)
     updates = window_updates(unique, "abcd", range(0, 5_000, 1_000), versions=3, seed=12)
     settings = sink_settings(
-        kafka_bootstrap, redis_url, topic, unique, commit_interval_ms=100, redis_retry_max_backoff_ms=200
+        kafka_bootstrap, redis_url, topic, unique, {"redis_retry_max_backoff_ms": 200}, commit_interval_ms=100
     )
     sink = start(started, settings)
     run_until(sink, lambda: bool(sink.assignment()))
@@ -515,7 +522,7 @@ def test_replicas_share_partitions_and_write_before_giving_them_up(
     produce_updates(kafka_bootstrap, topic, first)
     # Commits far apart: whatever reaches Redis before a minute has passed was written by a revocation.
     settings = sink_settings(
-        kafka_bootstrap, redis_url, topic, unique, commit_interval_ms=60_000, write_when_caught_up=False
+        kafka_bootstrap, redis_url, topic, unique, {"write_when_caught_up": False}, commit_interval_ms=60_000
     )
     a = start(started, settings)
     run_until(a, lambda: sum(a.received.values()) >= len(first))

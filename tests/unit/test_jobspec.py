@@ -109,11 +109,13 @@ def test_settings_shared_and_service_prefixes(monkeypatch: pytest.MonkeyPatch) -
     from services.ingest.settings import IngestSettings
 
     monkeypatch.setenv("SF_KAFKA_BOOTSTRAP", "broker:1234")
-    monkeypatch.setenv("SF_INGEST_BATCH_MAX_RECORDS", "77")
+    monkeypatch.setenv("SF_INGEST_MAX_RECORD_BYTES", "77")
     monkeypatch.setenv("SF_INGEST_JOB_SPECS", '["a.yaml", "b.yaml"]')
+    monkeypatch.setenv("SF_INGEST_TUNING", '{"batch_max_records": 78}')
     s = IngestSettings()
     assert isinstance(s, BaseServiceSettings)
-    assert (s.kafka_bootstrap, s.batch_max_records, s.job_specs) == ("broker:1234", 77, ["a.yaml", "b.yaml"])
+    assert (s.kafka_bootstrap, s.max_record_bytes, s.job_specs) == ("broker:1234", 77, ["a.yaml", "b.yaml"])
+    assert s.tuning.batch_max_records == 78
 
 
 # --- job kinds, windows, aggregations, emit policies ---------------------------------------------------
@@ -345,16 +347,22 @@ def test_real_time_runs_tumbling_and_sliding_windows_emitted_on_update() -> None
         assert spec.trigger_mode == "real_time" and spec.emit == "on_update"
 
 
-def test_the_throughput_profile_changes_only_what_was_not_set(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_throughput_profile_changes_tuning_and_an_explicit_value_wins(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from services.ingest.settings import IngestSettings
     from services.sink.settings import SinkSettings
 
-    assert SinkSettings().commit_interval_ms == 100 and IngestSettings().batch_linger_ms == 5
+    assert SinkSettings().commit_interval_s == 0.1 and IngestSettings().tuning.batch_linger_ms == 5
     monkeypatch.setenv("SF_PROFILE", "throughput")
-    assert SinkSettings().commit_interval_ms == 1_000 and SinkSettings().batch_linger_ms == 50
-    assert IngestSettings().batch_linger_ms == 100
-    monkeypatch.setenv("SF_SINK_COMMIT_INTERVAL_MS", "250")  # explicit wins over the profile
-    assert SinkSettings().commit_interval_ms == 250
+    assert SinkSettings().commit_interval_s == 1.0 and SinkSettings().tuning.batch_linger_ms == 50
+    assert IngestSettings().tuning.batch_linger_ms == 100
+    # An explicit value wins over the profile: a public setting, and a tuning override.
+    monkeypatch.setenv("SF_SINK_COMMIT_INTERVAL_MS", "250")
+    monkeypatch.setenv("SF_INGEST_TUNING", orjson.dumps({"batch_linger_ms": 7}).decode())
+    assert SinkSettings().commit_interval_s == 0.25 and SinkSettings().tuning.batch_linger_ms == 50
+    ingest = IngestSettings().tuning
+    assert (ingest.batch_linger_ms, ingest.batch_max_records) == (7, 20_000)
 
 
 def test_a_logged_redis_url_never_shows_its_password() -> None:

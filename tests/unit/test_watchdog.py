@@ -89,9 +89,9 @@ def test_the_default_action_re_executes_the_process_with_the_same_pid(tmp_path: 
 
 def test_ingest_refuses_a_watchdog_shorter_than_the_calls_own_timeout() -> None:
     with pytest.raises(ValidationError, match="at least 35"):
-        IngestSettings(stuck_call_restart_s=10)
-    assert IngestSettings(stuck_call_restart_s=0).stuck_call_restart_s == 0
-    assert IngestSettings().stuck_call_restart_s == 60
+        IngestSettings(tuning_overrides={"stuck_call_restart_s": 10})
+    assert IngestSettings(tuning_overrides={"stuck_call_restart_s": 0}).tuning.stuck_call_restart_s == 0
+    assert IngestSettings().tuning.stuck_call_restart_s == 60
 
 
 def test_restarts_in_a_row_back_off_and_a_calm_run_starts_over() -> None:
@@ -125,7 +125,7 @@ def test_ingest_restarts_in_place_on_a_fatal_client_error_unless_fenced(
     restarts: list[bool] = []
     service = IngestService(
         FailingIngest(error),  # type: ignore[arg-type]
-        IngestSettings(restart_on_fatal=restart_on_fatal),
+        IngestSettings(tuning_overrides={"restart_on_fatal": restart_on_fatal}),
         trace.get_tracer("test"),
         restart=lambda: restarts.append(True),
     )
