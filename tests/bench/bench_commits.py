@@ -1,7 +1,7 @@
 """What ingest's commit rate costs: CPU and freshness against its batch linger and transaction interval.
 
 `python -m tests.bench commits`. On the stack of tests/bench/stack.py, after the freshness part's stack
-warm-up (a fresh broker spends its first ~40 s compiling), one count-only real-time job (30 s
+warm-up (a fresh broker's JIT compiles under its first load), one count-only real-time job (30 s
 batches, one partition). For each (linger, transaction interval) in SETTINGS (SF_INGEST_BATCH_LINGER_MS,
 SF_INGEST_TRANSACTION_INTERVAL_MS), ingest is restarted with it, then per rate
 (1,000 and 10,000 events/s plus 20 markers/s, tests/bench/markers.py): 8 s warm-up, 20 s measured,
