@@ -33,7 +33,7 @@ def spark_sampled_traceparent_sql(headers_column: str = "headers") -> str:
 
 # How a window's sampled trace context is kept in its state (the checkpoint's note says which).
 # TRACE_NUMBERS: the traceparent's parts as four longs (fixed-width: Spark aggregates by hash);
-# TRACE_TEXT: the max of the string (checkpoints of before, and jobs with percentiles: plan.py).
+# TRACE_TEXT: the max of the string (checkpoints of before, and jobs with percentiles: jobs/plan.py).
 TRACE_NUMBERS = "numbers"
 TRACE_TEXT = "text"
 # (name suffix, first character, length) of a traceparent's parts: 00-<trace id>-<span id>-<flags>.
