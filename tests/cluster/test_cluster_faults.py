@@ -3,7 +3,7 @@
 One topology for the module: three Kafka nodes (RF 3, min ISR 2), a Spark master with two workers,
 Redis, control, two ingest, two sink and two processor replicas. The chaos harness
 (tests/chaos/harness.py) runs its three jobs (tumbling, sliding, session; late, bad and duplicate
-records) over paced load while ``ClusterFaults`` kills one replica of each kind after another. The
+records) over paced load while ``ClusterFaults`` kills a process of each kind, one after another. The
 verdict is the harness's: every window in Redis equals the oracle (nothing lost, nothing counted
 twice), versions never went back, the dead-letter and late topics hold exactly the injected records.
 Timings go to <run dir>/report.json and are printed (pytest -s shows them).
