@@ -1,21 +1,14 @@
 """The project's own certificate authority and one certificate per service, for mutual TLS on gRPC.
 
-Every gRPC port (control's Registry; the processor's JobCommands; ingest's and the sink's
-StreamConfig) only answers a caller that shows a certificate this CA signed, and a caller only
-talks to a server whose certificate names the service it meant to reach. The certificate's common
-name *is* the service's identity: ``control``, ``ingest``, ``processor``, ``sink``.
-
-Layout of a PKI directory (the stack's ``<run_dir>/pki``, or ``SF_TLS_DIR`` in a deployment):
+Every gRPC port only answers a caller showing a certificate this CA signed, and a caller only talks to
+a server whose certificate names the service it meant to reach (shared/tls.py); the common name *is*
+the service's identity. ``ensure_pki`` creates what is missing and leaves valid certificates alone;
+``rotate`` issues new service certificates from the same CA (services pick them up when restarted);
+deleting the directory makes a new CA. Layout (the stack's ``<run_dir>/pki``, or ``SF_TLS_DIR``):
 
     ca.crt                      the CA certificate every service trusts
     ca.key                      the CA's private key: needed only to issue certificates, never by a service
     <service>.crt, <service>.key
-
-Each service certificate carries the DNS names ``<service>.streamforge`` and ``streamforge`` (what
-clients check: see shared/tls.py), ``<service>`` and ``localhost``, plus the IP 127.0.0.1.
-``ensure_pki`` creates what is missing and leaves valid certificates alone; ``rotate`` issues new
-service certificates from the same CA (services pick them up when restarted); deleting the directory
-makes a new CA.
 """
 
 from __future__ import annotations
@@ -108,7 +101,10 @@ def issue(
     ca: tuple[x509.Certificate, ec.EllipticCurvePrivateKey],
     extra_dns: Iterable[str] = (),
 ) -> Path:
-    """A certificate for ``identity`` (client and server use), signed by the CA; returns its path."""
+    """A certificate for ``identity`` (client and server use), signed by the CA; returns its path.
+
+    It carries the DNS names ``<identity>.streamforge`` and ``streamforge`` (what clients check: see
+    shared/tls.py), ``<identity>`` and ``localhost``, plus the IP 127.0.0.1."""
     ca_cert, ca_key = ca
     key = ec.generate_private_key(ec.SECP256R1())
     now = _now()

@@ -12,7 +12,7 @@ VALID_SUFFIX = ".valid"
 DLQ_SUFFIX = ".dlq"
 LATE_SUFFIX = ".late"
 DEFAULT_AGGREGATES_TOPIC = "aggregates"
-# Job ids a processor gives its own warm-up job (services/processor/warmup.py); control refuses them.
+# Job ids a processor gives its own warm-up job (services/processor/warmup/); control refuses them.
 WARMUP_JOB_PREFIX = "sf-warmup-"
 
 
@@ -47,12 +47,6 @@ HDR_ERROR_ORIGINAL_BYTES = "sf.errors.original_bytes"
 DEAD_LETTER_HEADER_PREFIX = "sf.errors."
 
 # --- Record keys ------------------------------------------------------------------------------------
-# The key of a result ({key} in the Redis layout below) and of a `<topic>.valid` record. One field:
-# its value as text. Several fields (a stream's `key`, a job's `group_by`): their values joined by
-# "|", each escaped first, "\" as "\\" and "|" as "\|". So ("x|y", "z") is `x\|y|z` and ("x", "y|z")
-# is `x|y\|z`: different keys stay different (a job's keys all have the same number of fields).
-# Ingest builds the keys of `<topic>.valid` with join_key; the processor builds group_by keys with
-# the same rule in Spark SQL (services/processor/query.py, _group_columns).
 KEY_SEPARATOR = "|"
 
 
@@ -61,7 +55,14 @@ def escape_key_part(part: str) -> str:
 
 
 def join_key(parts: list[str]) -> str:
-    """The key of several fields' values (already text), by the rule above."""
+    """The key of a result ({key} in the Redis layout below) and of a `<topic>.valid` record.
+
+    One field: its value as text. Several fields (a stream's `key`, a job's `group_by`): their values
+    joined by "|", each escaped first, "\\" as "\\\\" and "|" as "\\|". So ("x|y", "z") is `x\\|y|z` and
+    ("x", "y|z") is `x|y\\|z`: different keys stay different (a job's keys all have the same number of
+    fields). The processor builds group_by keys by the same rule in Spark SQL
+    (services/processor/jobs/plan.py, _group_columns).
+    """
     if len(parts) == 1:
         return parts[0]
     return KEY_SEPARATOR.join([escape_key_part(p) for p in parts])

@@ -198,9 +198,9 @@ def partition_names(partitions: Iterable[TopicPartition]) -> str:
 def close_consumer(consumer: Consumer, timeout_s: float = 15.0) -> bool:
     """Close a consumer, giving up after ``timeout_s``; True when it closed.
 
-    librdkafka's close() can hang forever while serving a rebalance callback (librdkafka #4041, seen
-    here in ingest's tests even after unsubscribing first). Offsets are committed before close, so a
-    close that never returns loses nothing: the group's session timeout hands the partitions on.
+    librdkafka's close() can hang forever while serving a rebalance callback (librdkafka #4041), even
+    after unsubscribing first. Offsets are committed before close, so a close that never returns loses
+    nothing: the group's session timeout hands the partitions on.
     """
     done = threading.Event()
 

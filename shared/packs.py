@@ -1,21 +1,13 @@
 """The records of ``<topic>.valid``: one validated event each, or a pack of many.
 
-Every event ingest forwards is its normalised JSON object with its key last, in the field ``__key``
-(a source's fields may not start with ``__``, so it cannot clash): ingest's validator writes it so
-(services/ingest/validate.py), and the object is then a pack's element as it is. A record's value is:
-
-- **a pack**: a JSON array of events, in the order ingest read them. The record has no key; its
-  partition is the one the events' keys map to (``partition_for``), as a keyed record's would be.
-- **one event**: the object alone, keyed by its key. Ingest writes this form for a record with
-  headers (a trace context), for an event too large for a pack, and when packing is off
-  (``SF_INGEST_VALID_PACK_BYTES=0``). An object without ``__key`` (written by something other than
-  ingest, or before packs) has the record's key as its key.
-
-Why packs: Spark's cost per Kafka record (the source's row, a JSON parser set up per ``from_json``
-call) was ~8 µs of the ~11 µs its plan spent per event; parsing a hundred events in one call spends
-~3 µs per event in all (tests/bench/README.md, "Events packed many to a record"). The processor reads
-both forms with one expression: Spark's ``from_json`` with an array schema takes a lone object as an
-array of one (services/processor/query.py, read_source).
+Every event ingest forwards is its normalised JSON object with its key last, in ``__key`` (a source's
+fields may not start with ``__``). A record's value is **a pack**, a JSON array of events in the order
+ingest read them, without a record key, in the partition their keys map to (``partition_for``); or
+**one event**, the object alone, keyed by its key (a record with headers, an event too large for a
+pack, or packing off: ``SF_INGEST_VALID_PACK_BYTES=0``). An object without ``__key`` has the record's
+key. Packs exist because Spark's fixed cost per Kafka record (its row, a JSON parser set up per
+``from_json`` call) outweighs parsing an event; the processor reads both forms with one ``from_json``
+(services/processor/jobs/source.py, read_source).
 """
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ import orjson
 class WindowResult(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
     """One window's aggregates at one version, as the aggregates topic carries it.
 
-    A msgspec Struct, decoded with its types checked in one pass: the sink parses one per update, and
-    orjson + a pydantic model cost ~2.5 µs of the sink's ~20 µs per update where this costs ~0.35.
+    A msgspec Struct, decoded with its types checked in one pass (cheaper than orjson plus a pydantic
+    model): the sink parses one per update, on its hot path.
     ``gc=False``: it holds only strings, numbers and a dict of numbers, so it can never be part of a
     reference cycle, and the record cache's thousands of them stay out of the cyclic collector's scans.
     """

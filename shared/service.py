@@ -1,15 +1,5 @@
 """One start-up and shutdown shape for every service: ``python -m services.<name>`` → ``run_service``.
 
-In order: settings (a bad value stops start-up with exit status 2, naming the setting) → logging →
-tracing → TLS identity (shared/tls.py) → the service itself (``build``) → signals → ``start()`` →
-gRPC with grpc.health.v1 (mutual TLS, callers authorized per service) → Prometheus /metrics →
-registration with control → ``run()`` until SIGTERM → teardown in the reverse order (deregister,
-metrics, gRPC, ``close()``) → the last spans flushed.
-
-Exit status: 0 after SIGTERM/SIGINT; 2 when settings or a spec are bad; otherwise the ``exit_code`` of
-the StreamForgeError that stopped the service (1 unless the error says otherwise, e.g. ingest's
-fenced producer: 3, so a supervisor knows to restart it).
-
 A service's ``__main__.py`` builds its object and says which endpoints it has:
 
     def build(settings: SinkSettings, tracer: Tracer, tls: TlsIdentity | None) -> Wiring:
@@ -80,6 +70,18 @@ def run_service(
     settings_type: type[S],
     build: Callable[[S, Tracer, TlsIdentity | None], Wiring],
 ) -> int:
+    """Run service ``name`` until SIGTERM; returns its exit status.
+
+    In order: settings (an unknown variable or a bad value stops start-up, naming it) → logging →
+    tracing → TLS identity (shared/tls.py) → the service itself (``build``) → signals → ``start()`` →
+    gRPC with grpc.health.v1 (mutual TLS, callers authorized per service) → Prometheus /metrics →
+    registration with control → ``run()`` until SIGTERM → teardown in the reverse order (deregister,
+    metrics, gRPC, ``close()``) → the last spans flushed.
+
+    Exit status: 0 after SIGTERM/SIGINT; 2 when settings or a spec are bad; otherwise the
+    ``exit_code`` of the StreamForgeError that stopped the service (1 unless the error says otherwise,
+    e.g. ingest's fenced producer: 3, so a supervisor knows to restart it).
+    """
     if unknown := settings_type.unknown_variables():
         print(f"{name}: unknown settings {unknown} (SETTINGS.md lists every setting)", file=sys.stderr)
         return 2

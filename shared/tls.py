@@ -1,21 +1,12 @@
 """Mutual TLS for every gRPC call between the services, and who may call what.
 
-Each service holds a certificate from the project CA whose common name is its identity (``control``,
-``ingest``, ``processor``, ``sink``); infra/pki.py makes them. A server
-requires a client certificate from that CA (an unauthenticated caller fails the handshake), then
-``authorize`` checks the caller's identity against the method's gRPC service:
-
-    Registry      ← ingest, processor, sink      (register, heartbeat, deregister)
-    JobCommands   ← control                      (start, stop, savepoint, status)
-    StreamConfig  ← control                      (the running jobs' streams)
-    Health        ← any identity of the CA
-
-A client checks the server's certificate: services register with a certificate naming ``control``
-only, and control sends job commands only to a certificate naming ``processor``
-(``<service>.streamforge`` in its names); other calls accept any service of the CA.
-
-Without a TLS directory gRPC runs in plaintext only when ``SF_GRPC_INSECURE=true`` says so
-(experiments on a laptop); the service runner refuses to start otherwise.
+Each service holds a certificate from the project CA (infra/pki.py makes them) whose common name is its
+identity (``control``, ``ingest``, ``processor``, ``sink``). A server requires a client certificate from
+that CA, then ``authorize`` checks the caller's identity against ``CALLERS``. A client checks the
+server's certificate: services register only with ``control``, control sends job commands only to a
+``processor`` (``<service>.streamforge`` in its names), other calls accept any service of the CA.
+Without a TLS directory gRPC runs in plaintext only when ``SF_GRPC_INSECURE=true`` says so (experiments
+on a laptop); the service runner refuses to start otherwise.
 """
 
 from __future__ import annotations
@@ -37,18 +28,17 @@ JOB_COMMANDS_SERVICE = "streamforge.v1.JobCommands"
 STREAM_CONFIG_SERVICE = "streamforge.v1.StreamConfig"
 HEALTH_SERVICE = "grpc.health.v1.Health"
 
-# A channel's reconnect backoff. gRPC's own grows 1.6-fold from 1 s up to 120 s: a channel to a peer
-# that was away for ~15 s tried it again only ~5 s after it came back (measured: 5.0 s, against 0.5 s
-# with these), and a restarted control's services heartbeated after its grace had run out (every
-# one of them marked lost at once, their jobs moved). The peers are the platform's own services:
-# a connection attempt a second is cheap.
+# A channel's reconnect backoff. gRPC's own grows up to 120 s, so a restarted control heard from its
+# services only after its grace had run out (all marked lost at once, their jobs moved). The peers are
+# the platform's own services: a connection attempt a second is cheap.
 RECONNECT_OPTIONS: list[tuple[str, int]] = [
     ("grpc.initial_reconnect_backoff_ms", 500),
     ("grpc.min_reconnect_backoff_ms", 500),
     ("grpc.max_reconnect_backoff_ms", 1_000),
 ]
 
-# gRPC service -> the identities allowed to call it.
+# gRPC service -> the identities allowed to call it (Registry: register, heartbeat, deregister;
+# JobCommands: start, stop, savepoint, status; StreamConfig: the running jobs' streams).
 CALLERS: Mapping[str, frozenset[str]] = {
     REGISTRY_SERVICE: frozenset({"ingest", "processor", "sink"}),
     JOB_COMMANDS_SERVICE: frozenset({"control"}),

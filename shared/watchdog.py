@@ -1,18 +1,13 @@
 """A blocking client call that outlives its deadline restarts the process in place.
 
-librdkafka's transactional calls take a timeout, but some do not honour it: with the group or
-transaction coordinator's broker killed, ``send_offsets_to_transaction`` can block for good
-(librdkafka #5456: the coordinator request's timeout is never checked; #5511: a decommissioned
-coordinator broker never re-triggers the request). Seen in the cluster fault test: an ingest replica
-stuck in that call for over six minutes after its coordinator's broker was SIGKILLed and restarted.
-A thread blocked in C cannot be interrupted, and a client in the middle of a call cannot be freed.
-
-So a guarded call gets a deadline; a daemon thread checks it, and when a call overruns it the process
-re-executes itself (``os.execv`` with the interpreter's original arguments): same pid (pid files and
-supervisors keep tracking it), every thread and socket of the old image gone, and the new image
-starts as after a crash -- for ingest, ``init_transactions`` with the same transactional id fences
-and aborts the wedged transaction, and consumption resumes from the committed offsets. Nothing is
-lost or counted twice; the cost is one restart.
+librdkafka's transactional calls take a timeout, but some do not honour it: with the coordinator's
+broker killed, ``send_offsets_to_transaction`` can block for good (librdkafka #5456, #5511: the
+coordinator request is never timed out nor sent again). A thread blocked in C cannot be interrupted,
+nor a client freed mid-call. So a guarded call gets a deadline, and a call that overruns it makes the
+process re-execute itself (``os.execv``, same arguments): same pid for pid files and supervisors,
+every thread and socket gone, a start as after a crash. For ingest, ``init_transactions`` then fences
+and aborts the wedged transaction and consumption resumes from the committed offsets: nothing is lost
+or counted twice.
 """
 
 from __future__ import annotations

@@ -31,16 +31,14 @@ from infra.paths import CACHE_DIR
 # kafka_2.13:4.4.0 cannot be resolved; 4.3.1 is the newest release that resolves fully.
 KAFKA_VERSION = "4.3.1"
 
-# Spark's Kafka connector (spark-sql-kafka-0-10_2.13) runs on the installed pyspark (4.3.0): its 4.3.0
-# build is not on the Maven Central reachable here, and the 4.2.0 one works on pyspark 4.3.0 -- Kafka
-# source and sink, RocksDB state, windowed real-time mode: tests/integration/test_spark_kafka_pair.py
-# proves it on every `make test`. Both must share Spark's major version (4) and Scala's (2.13).
+# Spark's Kafka connector for the installed pyspark 4.3.0: its 4.3.0 build is not on the Maven Central
+# reachable here, and 4.2.0 works with it (tests/integration/test_processor_realtime.py proves the
+# pair). Both must share Spark's major version (4) and Scala's (2.13).
 SPARK_KAFKA_VERSION = "4.2.0"
 
-# spark-sql-kafka-0-10 depends on spark-token-provider-kafka-0-10 of the same version, but the Central
-# we can reach has no token-provider jar for 4.1.x/4.2.x. When the exact version is missing we fall back
-# to these (tried in order). Checked for 4.2.0: the classes/methods spark-sql-kafka 4.2.0 calls in it are
-# unchanged; only its Kerberos delegation-token logging uses 4.0-era LogKeys, a path unused here.
+# spark-token-provider-kafka-0-10 of the connector's version is missing from the Central we reach:
+# these are tried in order. 4.0.0 has every method spark-sql-kafka 4.2.0 calls but for Kerberos
+# delegation-token logging, a path unused here.
 TOKEN_PROVIDER_FALLBACKS = ("4.0.0",)
 
 # Zipkin's server, the tracing UI: one self-contained `exec` jar (io.zipkin:zipkin-server:<v>:exec).

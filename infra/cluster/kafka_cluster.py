@@ -1,17 +1,15 @@
 """A Kafka KRaft cluster on one machine: three combined broker+controller nodes with a static quorum.
 
-Why combined nodes: three JVMs instead of four (one controller + three brokers) on a 2-core box, and
-no single controller whose loss stops every metadata change. Any one node may die: the two others
-still form a quorum (2 of 3 voters) and hold every partition (replication factor 3,
-``min.insync.replicas`` 2), so producers with ``acks=all`` (ingest's transactions) go on writing.
+Combined nodes: three JVMs instead of four on a 2-core box, and no single controller whose loss stops
+every metadata change. Any one node may die: the two others still form a quorum and hold every
+partition (replication factor 3, ``min.insync.replicas`` 2), so producers with ``acks=all`` (ingest's
+transactions) go on writing. Each node is an ``infra.local.kafka_broker.KafkaBroker`` with its own
+name (``kafka-1``...), ports and data. Layout under run_dir:
 
-Each node is an ``infra.local.kafka_broker.KafkaBroker`` with its own name (``kafka-1``...), ports and
-data, differing only in its quorum and replication settings. Layout under run_dir:
-
-  kafka-cluster.json        the cluster id every node is formatted with
-  kafka-<n>/                that node's server.properties, data/ (see infra/local/kafka_broker.py)
-  logs/kafka-<n>.out, logs/kafka-<n>/server.log
-  pids/kafka-<n>.pid
+    kafka-cluster.json        the cluster id every node is formatted with
+    kafka-<n>/                that node's server.properties, data/ (see infra/local/kafka_broker.py)
+    logs/kafka-<n>.out, logs/kafka-<n>/server.log
+    pids/kafka-<n>.pid
 """
 
 from __future__ import annotations

@@ -1,20 +1,16 @@
 """A Spark standalone cluster from the pyspark package itself: one master, N workers, on 127.0.0.1.
 
-Started with the package's own ``bin/spark-class org.apache.spark.deploy.master.Master`` and
-``...deploy.worker.Worker`` (SPARK_HOME is the pyspark directory: it ships bin/, jars/), so the
-cluster runs the very Spark the processor links against. Each worker offers its own cores and memory
-to applications; a processor connects with ``SF_PROCESSOR_SPARK_MASTER=spark://127.0.0.1:<port>``
-and gets executors on the workers.
+The daemons run from the package's own ``bin/spark-class`` (SPARK_HOME is the pyspark directory), so
+the cluster runs the very Spark the processor links against; a processor connects with
+``SF_PROCESSOR_SPARK_MASTER=spark://127.0.0.1:<port>``. Everyone who talks to a daemon or an executor
+must know the cluster's secret (``spark.authenticate``): without it any local user could submit an
+application, which is running code. It is generated per run dir into the daemons' settings (0600);
+applications get it through ``spark_conf()``. Layout under run_dir:
 
-Everyone who talks to the master, a worker or an executor must know the cluster's secret
-(``spark.authenticate``): without it any local user could submit an application, which is running
-code. It is generated per run dir into ``spark/conf/spark-defaults.conf`` (0600), which the daemons
-read; applications get it through ``spark_conf()``. Layout under run_dir:
-
-  spark/conf/spark-defaults.conf   the secret and the daemons' settings
-  spark/worker-<n>/                the worker's work dir (executor logs, app files) and local dirs
-  logs/spark-master.log, logs/spark-worker-<n>.log
-  pids/spark-master.pid, pids/spark-worker-<n>.pid
+    spark/conf/spark-defaults.conf   the secret and the daemons' settings
+    spark/worker-<n>/                the worker's work dir (executor logs, app files) and local dirs
+    logs/spark-master.log, logs/spark-worker-<n>.log
+    pids/spark-master.pid, pids/spark-worker-<n>.pid
 """
 
 from __future__ import annotations

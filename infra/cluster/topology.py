@@ -1,19 +1,15 @@
 """`make cluster`: the platform past one process per service, on this machine, by one command.
 
-- Kafka: three combined broker+controller KRaft nodes (kafka_cluster.py), every topic and the
-  internal ones with replication factor 3 and ``min.insync.replicas`` 2;
-- Spark standalone: a master and two workers, each with its own cores and memory
-  (spark_standalone.py), started from the pyspark package's own ``spark-class``;
-- Redis (as the single-node stack runs it);
-- control; two ingest replicas (one group, instance ids 1 and 2, so each has its own transactional
-  id); two sink replicas (one group); two processors, each a Spark application on the cluster
-  (``spark://...``) with its own job store and ports and the checkpoints on storage they share, so
-  control can move a job from a lost processor to the other, which resumes it from its checkpoint.
+- Kafka: three combined broker+controller KRaft nodes (kafka_cluster.py), replication factor 3 and
+  ``min.insync.replicas`` 2 for every topic, internal ones included;
+- Spark standalone: a master and two workers with their own cores and memory (spark_standalone.py);
+- Redis, control and the services' environment as the single-node stack has them (infra/local/stack.py);
+- two ingest replicas (one group, each its own instance and transactional id), two sink replicas, and
+  two processors, each a Spark application on the cluster with its own job ledger and ports and the
+  checkpoints on shared storage, so control can move a job from a lost processor to the other.
 
-Everything listens on 127.0.0.1, on ports from ``base_port`` up (20600 for ``make cluster``, 20700
-for the tests), shifted by SF_TEST_PORT_OFFSET; the offsets below are the layout. The services are
-the single-node stack's (infra/local/stack.py): the same environment, with each replica's ports and
-ids on top.
+Everything listens on 127.0.0.1, on ports from ``base_port`` up (20600 for ``make cluster``, 20700 for
+the tests), shifted by SF_TEST_PORT_OFFSET; the offsets below are the layout.
 """
 
 from __future__ import annotations
@@ -212,7 +208,7 @@ def replicas(cfg: ClusterConfig) -> list[Replica]:
             "SF_PROCESSOR_SPARK_MASTER": spark_master(cfg).url,
             "SF_PROCESSOR_SPARK_CONF": json.dumps(app_conf),
             "SF_PROCESSOR_DRIVER_MEMORY": cfg.driver_memory,
-            # Its own job store (what it ran, to resume after a restart) under its own data dir;
+            # Its own job ledger (what it ran, to resume after a restart) under its own data dir;
             # checkpoints and savepoints where every processor finds them.
             "SF_DATA_DIR": str(cfg.run_dir / f"processor-{i}"),
             "SF_PROCESSOR_CHECKPOINT_DIR": str(cfg.checkpoint_dir),

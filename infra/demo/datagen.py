@@ -31,11 +31,6 @@ def oracle_window_counts(
 
 
 # --- Event-time windows, watermarks and late events: a plain-Python oracle ---------------------------
-# The processor's tests check Spark's results against this. It knows nothing of Spark or the job spec:
-# events arrive in rounds (what one test step produces before the query catches up); the watermark in
-# effect for a round is the largest event time of the rounds before it minus the delay; an event is
-# dropped from a window whose end is at or before that watermark. A window closes (append mode emits
-# it) once the final watermark reaches its end. Sessions merge events closer than the gap, per key.
 
 
 class OracleAmbiguityError(AssertionError):
@@ -73,7 +68,15 @@ def oracle_windows(
     gap_ms: int = 0,
     time_field: str = "ts",
 ) -> WindowOracle:
-    """Tumbling (size), sliding (size, slide) or session (gap) windows over ``rounds`` of events."""
+    """Tumbling (size), sliding (size, slide) or session (gap) windows over ``rounds`` of events.
+
+    The processor's tests check Spark's results against this; it knows nothing of Spark or the job
+    spec. Events arrive in rounds (what one test step produces before the query catches up); the
+    watermark in effect for a round is the largest event time of the rounds before it minus the
+    delay; an event is dropped from a window whose end is at or before that watermark. A window
+    closes (append mode emits it) once the final watermark reaches its end. Sessions merge events
+    closer than the gap, per key.
+    """
     if bool(gap_ms) == bool(size_ms):
         raise ValueError("give either size_ms (tumbling/sliding) or gap_ms (session)")
     slide = slide_ms or size_ms

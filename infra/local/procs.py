@@ -21,10 +21,9 @@ from pathlib import Path
 from infra.errors import InfraError
 from infra.paths import ROOT, logs_dir, pids_dir
 
-# Infrastructure processes are stopped last, in this order, after every other pid file (the services).
-# Spark's workers and master go once the processors (their applications) are gone; Zipkin after the
-# services have flushed their last spans to it; Kafka last. A group is a name and its numbered
-# replicas (``kafka`` and ``kafka-1``, ``kafka-2``...), stopped together.
+# Stopped after the services, in this order: Spark once its applications (processors) are gone,
+# Zipkin once the services flushed their last spans, Kafka last. Each group is a name and its
+# numbered replicas (``kafka``, ``kafka-1``...), stopped together.
 INFRA_STOP_ORDER = ("spark-worker", "spark-master", "zipkin", "redis", "kafka")
 
 # Popen objects of children started by this Python process. Keeping them referenced lets us reap them

@@ -1,18 +1,13 @@
 """A private redis-server (Debian package) run as a detached process on 127.0.0.1.
 
+Every client authenticates as one of USERS, each allowed only the keys it needs (control: ``sf:*``;
+the sink: ``sf:job:*``), without admin or dangerous commands; ``default`` (everything, with a password)
+is for operators, the demo and the tests. It must keep every permission: Redis 7.0 replays the AOF as
+the default user and drops a MULTI/EXEC block it may not run, losing results on restart. Passwords are
+random per run dir; ``url(user)`` gives a client its URL. Our server never reads /etc/redis/redis.conf.
+
 Layout under run_dir:  redis/ (AOF data), redis-auth/ (users.json: generated passwords, users.acl:
 the ACL file), logs/redis.log (server log), logs/redis.out (stdout), pids/redis.pid.
-
-Access control: every client authenticates as one of USERS, each allowed only the keys it needs
-(control: ``sf:*``, the job store and results; the sink: ``sf:job:*``, the results), without admin or
-dangerous commands; ``default`` (everything, with a password) is for operators, the demo and the
-tests. It must keep every permission: Redis 7.0 replays the AOF as the default user and drops a
-MULTI/EXEC block the default user may not run, losing results on restart. Passwords are random per
-run dir; ``url(user)`` gives a client its URL.
-
-Installing Debian's package normally also starts the packaged system service on 6379, which would take
-the port from under us: ensure_installed() installs through infra.artifacts.apt (no service starts) and
-stops a service that started anyway. Our own server never uses /etc/redis/redis.conf.
 """
 
 from __future__ import annotations
@@ -49,7 +44,11 @@ def _stderr_log(msg: str) -> None:
 
 
 def ensure_installed(log: Log = _stderr_log) -> str:
-    """Path of redis-server, installing Debian's package first if it is not on PATH (needs root)."""
+    """Path of redis-server, installing Debian's package first if it is not on PATH (needs root).
+
+    The package normally also starts the packaged system service on 6379, which would take the port
+    from under us: infra.artifacts.apt installs it with no service start, and one that started anyway
+    is stopped."""
     found = REDIS_SERVER.which()
     if found is not None:
         return found
@@ -141,7 +140,7 @@ class RedisServer:
         )
 
     def ensure_installed(self, log: Log = _stderr_log) -> str:
-        """Path of redis-server, installing Debian's package if needed (see module docstring)."""
+        """Path of redis-server, installing Debian's package if needed (see ``ensure_installed``)."""
         return ensure_installed(log)
 
     def is_healthy(self, timeout_s: float = 1.0) -> bool:

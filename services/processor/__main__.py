@@ -27,7 +27,7 @@ def build(settings: ProcessorSettings, tracer: Tracer, _tls: TlsIdentity | None)
         )
     specs = [load_job_spec(p) for p in settings.job_specs]
     processor = Processor(settings, specs, settings.spark_jars, tracer=tracer)
-    # JobCommands over the job manager that start() builds; served once every job resumed.
+    # JobCommands over the job runner that start() builds; served once every job resumed.
     grpc = GrpcEndpoint(settings.bind_host, settings.grpc_port, processor.grpc_services)
     return Wiring(processor, grpc=grpc, metrics_port=settings.metrics_port, jobs=processor.job_statuses)
 

@@ -1,5 +1,5 @@
 """gRPC: JobCommands (start, stop, stop with savepoint, status, list), StreamConfig (the active jobs'
-specs, for an idle processor's warm-ups: shapes.py) and grpc.health.v1.
+specs, for an idle processor's warm-ups: warmup/shapes.py) and grpc.health.v1.
 
 Errors map to status codes control acts on: a bad spec is INVALID_ARGUMENT, a job already running is
 ALREADY_EXISTS, an unknown job NOT_FOUND, a savepoint that cannot be read or taken FAILED_PRECONDITION

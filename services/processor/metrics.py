@@ -1,18 +1,14 @@
 """Per-job metrics from Spark's StreamingQueryListener: to Prometheus and to the control plane.
 
 Each micro-batch's progress report becomes one ``BatchMetrics`` (pure parsing, unit-tested on real
-reports). The listener keeps the newest per job (what GetStatus / ListJobs / heartbeats report as
-``JobMetrics``) and feeds the Prometheus families:
+reports). The listener keeps the newest per job (what GetStatus, ListJobs and heartbeats report as
+``JobMetrics``) and feeds the shared Prometheus families (``service="processor"``;
+``records_processed_total`` counts events, of which a `.valid` record may pack many) and the
+processor's own below, labelled by ``job``.
 
-- shared (design names, ``service="processor"``): ``records_processed_total`` (events read; a
-  `.valid` record may pack many, shared/packs.py), ``processing_latency_seconds`` (batch duration),
-  ``checkpoint_duration_seconds`` (commit time),
-  ``state_size_bytes``, ``watermark_lag_ms``, ``consumer_lag_records``, ``late_events_total``;
-- the processor's own, below, with a ``job`` label.
-
-``rows dropped by watermark`` is Spark's ``numRowsDroppedByWatermark``: rows the stateful operator
-refused as late, counted *after* partial aggregation (one per window and key within a partition of the
-batch), so it is at most, not exactly, the number of late events.
+Rows dropped by watermark are Spark's ``numRowsDroppedByWatermark``, counted *after* partial
+aggregation (one per window and key within a partition of the batch): at most, not exactly, the
+number of late events.
 """
 
 from __future__ import annotations
@@ -226,8 +222,8 @@ class JobMetricsListener(StreamingQueryListener):
     def _jlistener(self) -> Any:
         """What ``spark.streams.addListener`` / ``removeListener`` register: Spark's wrapper around
         ``_JsonEvents`` instead of pyspark's own, which turns every progress report into Python field
-        by field over py4j (~100 round trips per batch, each observed metric through a class lookup
-        that scans every jar) -- at one batch a second that cost ~0.3 cores of the JVM and the driver."""
+        by field over py4j (a round trip per field, each observed metric through a class lookup that
+        scans every jar), a steady cost in the JVM and the driver at every batch."""
         if self._java_listener is None:
             jvm = SparkContext._jvm
             assert jvm is not None, "a SparkContext first"
@@ -262,7 +258,7 @@ class JobMetricsListener(StreamingQueryListener):
         try:
             progress = orjson.loads(progress_json)
             if str(progress.get("name") or "").startswith(constants.WARMUP_JOB_PREFIX):
-                return  # the warm-up's throwaway job (warmup.py): no metrics, no spans
+                return  # the warm-up's throwaway job (warmup/): no metrics, no spans
             m = metrics_from_progress(progress)
             self.record(m)
             self._log_first_batch(progress, m)

@@ -10,10 +10,9 @@ from datetime import datetime
 
 from shared.tracing import MAX_BATCH_LINKS, TRACEPARENT
 
-# With includeHeaders=true, Spark's Kafka source has a `headers` column: array<struct<key, value>>.
-# spark_sampled_traceparent_sql() is the record's traceparent when it says "sampled", else NULL. It is
-# plain SQL over arrays (no Python UDF, ANSI-safe), so it costs the JVM a header scan per record.
-# W3C: lowercase hex throughout (spark_trace_numbers reads the parts as hex numbers).
+# Whether a traceparent `tp` says "sampled": plain SQL (no Python UDF, ANSI-safe), so a record costs
+# the JVM only a header scan. W3C: lowercase hex throughout (spark_trace_numbers reads the parts as
+# hex numbers).
 _SPARK_IS_SAMPLED = (
     "length(tp) = 55 AND tp RLIKE '^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$' "
     "AND try_cast(conv(substr(tp, 54, 2), 16, 10) AS INT) % 2 = 1"
@@ -32,15 +31,9 @@ def spark_sampled_traceparent_sql(headers_column: str = "headers") -> str:
     return f"try_element_at(filter(array({last}), tp -> {_SPARK_IS_SAMPLED}), 1)"
 
 
-# How a windowed query keeps a window's sampled trace context in its state (the checkpoint's note says
-# which: services.processor.savepoints.trace_state_of):
-# - TRACE_NUMBERS: the traceparent's parts as four longs (spark_trace_numbers), each the max_by of the
-#   span id. Every aggregation buffer then has fixed-width fields only, so Spark aggregates by hash;
-# - TRACE_TEXT: the max of the traceparent string, as checkpoints of before keep it, and new ones of
-#   jobs with percentiles (query.trace_state_for). A string in the buffer makes Spark sort every
-#   batch's rows by window and key instead (SortAggregate) unless a percentile's object buffer has it
-#   use its object hash aggregate anyway, and gives a real-time job's state a dirty-row cache of 100
-#   groups instead of 1,000 (tests/bench/README.md, A string in the window's state).
+# How a window's sampled trace context is kept in its state (the checkpoint's note says which).
+# TRACE_NUMBERS: the traceparent's parts as four longs (fixed-width: Spark aggregates by hash);
+# TRACE_TEXT: the max of the string (checkpoints of before, and jobs with percentiles: jobs/plan.py).
 TRACE_NUMBERS = "numbers"
 TRACE_TEXT = "text"
 # (name suffix, first character, length) of a traceparent's parts: 00-<trace id>-<span id>-<flags>.
@@ -60,9 +53,8 @@ def spark_traceparent_of_numbers(prefix: str) -> str:
     """SQL: the traceparent the four columns of spark_trace_numbers(_, prefix) hold (NULL if none).
 
     hex() writes A-F; translate() makes them lowercase. Not lower(): Spark 4 maps case through ICU
-    (spark.sql.icu.caseMappings.enabled), and the first such call in a JVM initialises a table over
-    every code point, ~2 s of one core, inside the first batch of every start, restart and takeover
-    (tests/bench/README.md, A standby's first batch: ICU's case tables)."""
+    (spark.sql.icu.caseMappings.enabled), and the first such call in a JVM builds a table over every
+    code point, a cost inside the first batch of every start, restart and takeover."""
     hi, lo, span, flags = (
         f"translate(lpad(hex({prefix}{name}), {n}, '0'), 'ABCDEF', 'abcdef')"
         for name, _, n in _TRACEPARENT_PARTS

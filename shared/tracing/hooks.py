@@ -16,10 +16,8 @@ if TYPE_CHECKING:
 
 
 # --- HTTP (FastAPI) --------------------------------------------------------------------------------
-# FastAPI traces requests natively (server span per request, child of the caller's traceparent, plus
-# spans for dependencies and the endpoint) with the global tracer provider, or the one given here.
-# Sync handlers run in Starlette's thread pool with the request's context, so gRPC calls they make
-# through grpc_client_interceptor() continue the request's trace.
+# FastAPI traces requests natively, with the tracer provider given here. Sync handlers run in
+# Starlette's thread pool with the request's context, so their gRPC calls continue its trace.
 DEFAULT_UNTRACED_PATHS = ("/metrics", "/healthz", "/readyz", "/dashboard", "/dashboard/data")
 
 

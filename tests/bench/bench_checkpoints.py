@@ -8,7 +8,7 @@ default (FileContext API); per run, after WARMUP_BATCHES, the median per batch o
 `durationMs` parts (`walCommit` is the offset log, `commitOffsets` the commit log), the state store's
 commit, and, where `perf` can count them, the processes the machine exec'd (Hadoop's local file
 system forks `chmod` and, behind FileContext, `readlink`; each fork is two execs, jspawnhelper's and
-the command's). services/processor/README.md, Checkpoints and savepoints.
+the command's).
 
 The session has the processor's local file system when set-up made its jar (infra/artifacts/local_fs.py): the
 FileSystem runs then create files without `chmod` processes. FileContext reaches local files through

@@ -18,8 +18,8 @@ on a key of its own (tests/bench/markers.py):
   the sink's part, from its Redis call (the window's ``updated_at_ms``, the sink's clock) to the
   notification (redis: the call's packing, Redis running it, the notification's delivery here);
 - CPU per process during the measurement (tests/bench/probe.py), and how long the processor had been
-  up when it began: its JVM compiles for minutes into a run (tests/bench/README.md, A boundary is also the JIT
-  compiling the planner), so the modes measured later meet a warmer processor;
+  up when it began: its JVM's JIT keeps compiling (the planner too) well into a run, so the modes
+  measured later meet a warmer processor;
 - checked: after the load stops, every window in Redis equals the count of events sent to it.
 
 ``SF_BENCH_FRESHNESS_MODES=real_time_30s`` measures only the modes named (comma-separated).
@@ -55,10 +55,9 @@ from tests.bench.markers import (
 from tests.bench.probe import StageProbe
 from tests.bench.stack import RUN, Control, SpecRefused, services_up
 
-# Real-time batches last at least spark.sql.streaming.realTimeMode.minBatchDuration (5 s); rows flow
-# through them as they come, the batch length only sets how often the query checkpoints -- and pauses
-# for it (re-planning, state commit, new tasks): 30 s batches pause a sixth as often as 5 s ones, and
-# a crash replays up to 30 s of events instead of 5.
+# Real-time batches last at least spark.sql.streaming.realTimeMode.minBatchDuration (5 s); their length
+# sets how often the query checkpoints and pauses for it (re-planning, state commit, new tasks), and
+# how much input a crash replays.
 MODES: dict[str, dict[str, Any]] = {
     "micro_batch": {},
     "real_time": {"trigger_mode": "real_time", "trigger_interval": "5s"},
@@ -70,10 +69,9 @@ DEFAULT_MODES = ("micro_batch", "real_time", "real_time_30s")
 RATES = (1_000, 10_000)
 MARKERS_PER_S = 20
 WARMUP_S, RATE_CHANGE_S, MEASURE_S, TAIL_S = 10, 5, 30, 5
-# A freshly started broker compiles its hot paths for ~40 s (per-thread CPU of the Kafka JVM after a
-# job starts at 1,000 events/s: C2 CompilerThread 0.4-0.55 cores, the whole broker ~1 core, settling
-# to ~0.45 after 40 s); the first point measured that, not steady freshness. So the stack gets this
-# much load through a throwaway job first (a cold start is what `bench recovery` and `startup` measure).
+# A freshly started broker's JIT compiles its hot paths under the first load, so the first point
+# would measure that, not steady freshness: the stack gets this much load through a throwaway job
+# first (a cold start is what `bench recovery` and `startup` measure).
 STACK_WARMUP_S = 45
 
 

@@ -7,8 +7,8 @@ records) to a 2-partition topic of the bench broker:
   fast as Python can, timed from the first produce() to the end of flush() (every record acked);
 - consume: one Consumer assigned both partitions from the beginning (no group join), consume() in
   batches of 10,000, timed from the first returned batch to the last record; with the services'
-  ``fetch.queue.backoff.ms`` (shared.kafka.FETCH_QUEUE_BACKOFF_MS): librdkafka's default, 1,000 ms,
-  held this consumer to ~120-180k records/s, a second's wait each time its queue reached 100,000.
+  ``fetch.queue.backoff.ms`` (shared.kafka.FETCH_QUEUE_BACKOFF_MS): librdkafka's default, a second,
+  would make it wait each time its queue filled.
 
 Checked: the consumer got every record sent, byte for byte (count and an order-free checksum).
 """

@@ -5,7 +5,7 @@
 only and once with all nine aggregates (count, sum, avg, min, max, stddev, stddev_pop, p95, p99):
 
 1. a job is submitted through `POST /jobs` (10 s tumbling windows per key, 1,000 keys, default
-   trigger), its raw topic has one partition (README, known limits: the watermark is global);
+   trigger), its raw topic has one partition (the processor's watermark is global across partitions);
 2. warm-up: 2,000 events an hour old, until Redis holds exactly their windows (ingest has
    subscribed, the query has planned and compiled, the sink writes);
 3. t0, then 1,000,000 events (100 s of event time, 10,000 windows, some out of order within the

@@ -2,41 +2,28 @@
 
 `python -m tests.bench recovery`. On the stack of tests/bench/stack.py, a count-only job (10 s
 tumbling windows, default trigger) submitted through `POST /jobs`, 1,000 events/s on 1,000 keys plus
-20 marker events/s (tests/bench/markers.py). After 45 s of warm-up (a freshly started broker compiles
-for ~40 s, see bench_freshness) and 20 s of steady load the processor running the job is killed
-with SIGKILL (its process group) and started again right away, as a supervisor would; the load goes
-on throughout. Three variants:
+20 marker events/s (tests/bench/markers.py). After 45 s of warm-up (the broker's JIT, see
+bench_freshness) and 20 s of steady load the processor running the job is killed with SIGKILL (its
+process group) and started again right away, as a supervisor would; the load goes on throughout.
+Variants:
 
 - ``restart``: the stack's one processor; the restarted process resumes the job from its checkpoint
   by itself (its JVM and SparkSession start first);
 - ``restart_quick_jit``: as ``restart``, with the stack's processor started (before the job, and
-  again after the kill) with tuning ``jit=quick``: its JVM compiles with C1 alone
-  (services/processor/README.md, JIT); the processor is started again as it was afterwards;
-- ``standby``: a second processor runs beside it (infra.local.stack.start_standby_processor, started after
-  the job was placed; it ran a throwaway job of its own for 30 s before registering, see
-  services/processor/warmup.py); control learns of the dead processor from its closed connection and
-  starts the job on the standby, from the same checkpoint. The restarted processor is the next one.
+  again after the kill) with tuning ``jit=quick``: its JVM compiles with C1 alone; the processor is
+  started again as it was afterwards;
+- ``standby``: a second processor runs beside it (infra.local.stack.start_standby_processor, started
+  after the job was placed, warmed up by services/processor/warmup/ before registering); control
+  learns of the dead processor from its closed connection and starts the job on the standby, from
+  the same checkpoint. The restarted processor is the next standby;
 - ``standby_again``: as ``standby``; then, once the restarted processor is up (it waited while its
-  job ran on the standby, then started Spark: services/processor/settings.py taken_over_delay_s and
-  taken_over_warmup_s), the processor running the job now, the standby, is killed too. The figures
-  are the second kill's (the first's under ``earlier_kills``): how fast the job moves back.
+  job ran on the standby, then started Spark: ProcessorTuning.taken_over_delay_s and
+  taken_over_warmup_s), the standby, now running the job, is killed too. The figures are the second
+  kill's (the first's under ``earlier_kills``): how fast the job moves back.
 
 ``SF_BENCH_RECOVERY_VARIANTS=standby`` runs one variant; ``SF_BENCH_RECOVERY_RESTART_DELAY_S=40``
 starts the killed process 40 s later instead of at once (on 2 cores its JVM start competes with
-the takeover).
-
-Per variant:
-- threshold = max(1 s, p99 freshness of the markers of the 20 s before the kill);
-- **fresh again after** = from the kill until the first of 20 consecutive markers (one second of
-  markers) sent after the kill, each within the threshold, appeared in Redis;
-- max freshness = the slowest marker sent from 10 s before the kill on;
-- processor ready after = from the kill until the restarted processor's /metrics answered;
-- lost / running again after = from the kill until control's job history shows FAILING / RUNNING;
-- max freshness after recovery = the slowest marker sent once fresh again;
-- the load goes on until 15 s after recovery and 15 s after the restarted processor is ready (at
-  most 150 s after the kill: a processor whose job was taken over waits before starting Spark,
-  services/processor/settings.py taken_over_delay_s); checked: every window in Redis then equals the
-  count of events sent to it (nothing lost or counted twice by the crash).
+the takeover). The figures: see ``figures``.
 """
 
 from __future__ import annotations
@@ -227,7 +214,16 @@ def figures(
     watch: MarkerWatch,
     env: dict[str, str] | None,
 ) -> dict[str, Any]:
-    """A kill's figures from the markers sent until the next kill (``markers``)."""
+    """A kill's figures from the markers sent until the next kill (``markers``):
+
+    - threshold = max(1 s, p99 freshness of the markers of the 20 s before the kill);
+    - **fresh again after** = from the kill until the first of 20 consecutive markers (one second of
+      markers) sent after the kill, each within the threshold, appeared in Redis;
+    - max freshness = the slowest marker sent from 10 s before the kill on;
+    - processor ready after = from the kill until the restarted processor's /metrics answered;
+    - lost / running again after = from the kill until control's job history shows FAILING / RUNNING;
+    - max freshness after recovery = the slowest marker sent once fresh again.
+    """
     killed = kill.killed
     recovered_at, stale = fresh_again(markers, watch, killed, kill.threshold)
     around = [m for m in markers if m.sent >= killed - 10]
@@ -261,7 +257,8 @@ def figures(
 
 def measure(cfg: StackConfig, variant: str, env: dict[str, str] | None = None) -> dict[str, Any]:
     """The variant's kills (KILLS), one after the other; its figures are the last kill's, with the
-    kills before it under ``earlier_kills``."""
+    kills before it under ``earlier_kills``. Then every window in Redis must equal the count of events
+    sent to it (nothing lost or counted twice by the crash)."""
     client = redis.Redis.from_url(cfg.redis_url)
     job_id = f"recovery-{variant.replace('_', '-')}-{uuid.uuid4().hex[:6]}"
     ensure_topics(cfg.bootstrap, [job_id], partitions=1)

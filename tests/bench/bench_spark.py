@@ -2,16 +2,16 @@
 
 `python -m tests.bench spark`. The end-to-end burst's million events (tests.bench.workload: 1,000
 keys, 10 s tumbling windows over 100 s of event time) are produced to a raw topic and turned into
-``<topic>.valid`` by ingest's own loop (services.ingest.app.Ingest, in this process), so the processor
-reads exactly what ingest writes, headers and keys included. Then, in a SparkSession built as the
-processor builds it (services.processor.app.build_spark: local[2], RocksDB state), the query the
-processor runs for the job (services.processor.query.start_query: Kafka source, parse, watermark,
-window, aggregates, Kafka sink to the output topic) drains that backlog, once counting only and
-once with all nine aggregates, each from its own checkpoint. Before them the session runs the warm-up
-the stack's processor runs before it registers (services.processor.warmup.warm_up, for
-infra.local.stack.PROCESSOR_WARMUP_S), so Spark alone meets the backlog in the state the end-to-end burst's
-processor meets it: cold, the first of the two jobs paid the JVM's compilation (count only 49-65k
-events/s against all nine 70-128k in the runs up to 7c0582a, the cheaper job the slower one).
+``<topic>.valid`` by ingest's own loop (services.ingest.consumer.Ingest, in this process), so the
+processor reads exactly what ingest writes, headers and keys included. Then, in a SparkSession built as
+the processor builds it (services.processor.spark.session.build_spark: local[2], RocksDB state), the
+query the processor runs for the job (services.processor.jobs.query.start_query: Kafka source, parse,
+watermark, window, aggregates, Kafka sink to the output topic) drains that backlog, once counting only
+and once with all nine aggregates, each from its own checkpoint. Before them the session runs the
+warm-up the stack's processor runs before it registers (services.processor.warmup.startup.warm_up, for
+infra.local.stack.PROCESSOR_WARMUP_S), so Spark alone meets the backlog in the state the end-to-end
+burst's processor meets it: cold, the first of the two jobs would pay the JVM's compilation and look
+slower than the second whatever its cost.
 
 - events/s: the backlog over the time from query start until processAllAvailable() returns
   (planning and the first batch included);

@@ -3,7 +3,7 @@
 `python -m tests.bench startup`. Each start is a fresh Python process that does what a restarted
 processor does before its first result: import the service, start a SparkSession as the service does
 (`build_spark`), and run a streaming query shaped like a job's (JSON parsing, a window with the nine
-aggregates, RocksDB state, foreachBatch; services/processor/class_archive.py) until its first batch
+aggregates, RocksDB state, foreachBatch; services/processor/spark/class_archive.py) until its first batch
 with rows is done. Starts with and without the archive alternate (ROUNDS pairs, order swapped every
 round) so load from elsewhere on the machine hits both alike; the medians are reported.
 """

@@ -10,7 +10,7 @@
   medians are reported, as wall time and as the JVM's CPU time per row (/proc).
 - Ingest's side: what writing one normalised record costs in Python, in each format: orjson as
   ingest does now, a CSV line, and Avro's binary encoding written for this schema (fastavro's
-  generic writer was measured at 2.9 us a record here, slower than this one).
+  generic writer is slower than this one).
 
 Checked: the three formats give the same per-key counts and sums; the Python-written records of a
 sample parse in Spark to the same rows, and the Python-written Avro is byte for byte Spark's.
@@ -143,8 +143,7 @@ def encode_us(rows: list[dict[str, Any]]) -> dict[str, float]:
     """Microseconds per record to write each format in Python (best of 5 runs over the rows).
 
     Each record's bytes are dropped before the next is written, as in ingest's loop (produce copies
-    them). With all of them kept alive instead, orjson's output cost ~2.3 us a record here, not
-    ~0.15 (tests/bench/README.md, The wire format)."""
+    them): keeping all of them alive would time the memory growth, not the encoding."""
     result = {}
     for fmt, write in WRITERS.items():
         best = min(timeit.repeat(lambda w=write: _write_each(w, rows), number=1, repeat=5))

@@ -45,10 +45,9 @@ class Load:
 
     def __init__(self, bootstrap: str, topic: str, keys: int = workload.KEYS) -> None:
         self.topic = topic
-        # Background events go out as a client with default batching sends them (librdkafka's linger.ms,
-        # 5 ms). Markers must not wait for a batch to fill: their own producer, linger 1 ms. (One
-        # producer at 1 ms for both sent a request every ~3 ms, ~350/s at any rate: at 1,000 events/s
-        # that alone was a quarter of the broker's CPU, on the cores the stack under test runs on.)
+        # Background events are batched as a client's default linger.ms batches them; markers must not
+        # wait for a batch, so they get their own producer at linger 1 ms (one producer for both would
+        # send a request every few ms and load the broker on the cores the stack under test runs on).
         self.producer = Producer({"bootstrap.servers": bootstrap})
         self.marker_producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 1})
         self.keys = [f"k{i:04d}" for i in range(keys)]

@@ -7,8 +7,8 @@ multiples of 1/8, so any order of summing them gives the same double: sums are c
 The oracle knows nothing of the platform: it groups the generated values by (key, window start). The
 check reads Redis by the key layout of shared.constants only (not through control or the sink):
 
-- while waiting, one Lua script sums a count field over every window of the job, server side (a
-  few milliseconds for 10,000 windows), so polling costs Redis little;
+- while waiting, one Lua script sums a count field over every window of the job, server side, so
+  polling costs Redis little;
 - once that sum equals the number of events sent, every window is read and compared with the
   oracle: count, sum, min and max exactly, avg and the standard deviations to 1e-9 relative, each
   percentile within the rank bound Spark's ``percentile_approx`` promises (n / accuracy, at least 0:

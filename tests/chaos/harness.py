@@ -201,8 +201,7 @@ def _sessions(events: list[dict[str, Any]], gap: int) -> dict[str, list[tuple[in
         points.sort()
         spans: list[tuple[int, list[int], int]] = []
         for ts, v in points:
-            # Spark merges sessions that touch: an event exactly `gap` after the last one joins it
-            # (seen here: two sessions 3,000 ms apart were one in Spark's results).
+            # Spark merges sessions that touch: an event exactly `gap` after the last one joins it.
             if spans and ts <= spans[-1][2]:
                 start, values, end = spans[-1]
                 spans[-1] = (start, [*values, v], max(end, ts + gap))

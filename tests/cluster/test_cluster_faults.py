@@ -3,24 +3,10 @@
 One topology for the module: three Kafka nodes (RF 3, min ISR 2), a Spark master with two workers,
 Redis, control, two ingest, two sink and two processor replicas. The chaos harness
 (tests/chaos/harness.py) runs its three jobs (tumbling, sliding, session; late, bad and duplicate
-records) over paced load, and ``ClusterFaults`` SIGKILLs, one after another while the load runs:
-
-- an ingest replica (the one owning most raw partitions): the other takes its partitions over once
-  its session times out; then it is restarted with the same instance id (its transactional id);
-- a sink replica: the other takes its partitions of the output topic over;
-- a Kafka node (the one leading most partitions): the two others keep every partition writable
-  (min ISR 2); then it is restarted and catches up until no partition is under-replicated;
-- a Spark worker with its executors: the processors' queries carry on with their executors on the
-  other worker; then it is restarted and the applications get their cores back;
-- a processor (the one running most jobs): control marks it lost and starts its jobs on the other
-  processor, which resumes them from the shared checkpoints; then the killed one is restarted and
-  must not take them back (control stops the copies it resumes on its own).
-
-After each kill the fault waits until work flows again everywhere: the ingest group's committed
-offset of every raw topic and the counts in Redis of the two jobs that emit on update have all
-grown. The verdict is the harness's: every window in Redis equals the oracle (nothing lost, nothing
-counted twice), versions never went back, the dead-letter and late topics hold exactly the injected
-records. Timings go to <run dir>/report.json and are printed (pytest -s shows them).
+records) over paced load while ``ClusterFaults`` kills a process of each kind, one after another. The
+verdict is the harness's: every window in Redis equals the oracle (nothing lost, nothing counted
+twice), versions never went back, the dead-letter and late topics hold exactly the injected records.
+Timings go to <run dir>/report.json and are printed (pytest -s shows them).
 """
 
 from __future__ import annotations
@@ -134,7 +120,7 @@ def test_topology_replicates_topics_and_spreads_work_over_the_cluster(topology: 
     from shared.kafka import ensure_topics
 
     ensure_topics(cfg.bootstrap, ["cluster-probe"], partitions=2)
-    # Metadata right after creation may not list the partitions yet (seen once): ask until it does.
+    # Metadata right after creation may not list the partitions yet: ask until it does.
     procs.wait_for(
         lambda: (
             [
@@ -153,7 +139,7 @@ def test_topology_replicates_topics_and_spreads_work_over_the_cluster(topology: 
 
     def described() -> bool:
         # Any broker may answer, and one that has not yet heard of the new topic answers "unknown
-        # topic" (seen once): ask until every topic is described.
+        # topic": ask until every topic is described.
         answers = admin.describe_configs(resources).items()
         min_isr.update({r.name: f.result()["min.insync.replicas"].value for r, f in answers})
         return True
@@ -178,7 +164,21 @@ def test_topology_replicates_topics_and_spreads_work_over_the_cluster(topology: 
 
 
 class ClusterFaults(Faults):
-    """The five cluster faults in sequence, each followed by a wait until work flows everywhere."""
+    """The five cluster faults in sequence, each a SIGKILL followed by a wait until work flows again
+    everywhere (the ingest group's committed offset of every raw topic and the counts in Redis of the
+    two jobs that emit on update have all grown):
+
+    - an ingest replica (the one owning most raw partitions): the other takes its partitions over once
+      its session times out; then it is restarted with the same instance id (its transactional id);
+    - a sink replica: the other takes its partitions of the output topic over;
+    - a Kafka node (the one leading most partitions): the two others keep every partition writable
+      (min ISR 2); then it is restarted and catches up until no partition is under-replicated;
+    - a Spark worker with its executors: the processors' queries carry on with their executors on the
+      other worker; then it is restarted and the applications get their cores back;
+    - a processor (the one running most jobs): control marks it lost and starts its jobs on the other
+      processor, which resumes them from the shared checkpoints; then the killed one is restarted and
+      must not take them back (control stops the copies it resumes on its own).
+    """
 
     def __init__(
         self,
@@ -195,11 +195,9 @@ class ClusterFaults(Faults):
         self.actions = list(FAULTS)
         self.gap_s = GAP_S
         self.admin = _admin(topo)
-        # The ingest group's committed offsets, read by a consumer of that group that never joins it
-        # (no subscribe): not AdminClient.list_consumer_group_offsets, which crashed pytest with SIGSEGV
-        # when the killed broker had been the group's coordinator -- librdkafka's OffsetFetch handler
-        # answers NOT_COORDINATOR by poking the client's consumer group, which an admin client has not
-        # (a NULL rkcg in rd_kafka_cgrp_op; seen in a core dump here; librdkafka issue #5040).
+        # The ingest group's committed offsets, read by a consumer of that group that never joins it:
+        # AdminClient.list_consumer_group_offsets segfaults when the killed broker was the group's
+        # coordinator (its NOT_COORDINATOR handling needs a consumer group: librdkafka issue #5040).
         self.offsets = Consumer(
             {
                 "bootstrap.servers": topo.bootstrap,
@@ -220,8 +218,8 @@ class ClusterFaults(Faults):
             self.offsets.close()
 
     def _run(self) -> None:
-        """First the jobs' warm-up: a new stateful query's first micro-batches take tens of seconds
-        on this machine, which would count as the first fault's recovery."""
+        """First the jobs' warm-up: a new stateful query's first micro-batches are slow, which would
+        count as the first fault's recovery."""
         began = time.monotonic()
         procs.wait_for(
             lambda: all(p > 0 for p in self._progress()),
@@ -236,8 +234,8 @@ class ClusterFaults(Faults):
     # --- what "flowing" means ------------------------------------------------------------------
     def _progress(self) -> list[int]:
         """The ingest group's committed offset of each raw topic, then each on-update job's count.
-        (Not the .valid topics' end offsets read with a consumer: that one kept asking the killed
-        broker for minutes.)"""
+        (Not the .valid topics' end offsets read with a consumer: that one keeps asking the killed
+        broker.)"""
         try:
             committed = self.offsets.committed([TopicPartition(t, 0) for t in self.raw_topics], timeout=10)
             offsets = [tp.offset for tp in committed]
@@ -364,7 +362,7 @@ class ClusterFaults(Faults):
         executors: list[str] = []
 
         def found() -> bool:
-            executors[:] = victim.executors()  # OSError (a slow web UI, seen once) counts as not yet
+            executors[:] = victim.executors()  # OSError (a slow web UI) counts as not yet
             return bool(executors)
 
         procs.wait_for(found, 60, f"{victim.name}'s executors")
@@ -422,10 +420,9 @@ class ClusterFaults(Faults):
         cluster.wait_replica(self.topo, r)
         procs.wait_for(lambda: len(self._processors()) == 2, 120, f"{victim} registered again")
         restarted_s = round(time.monotonic() - killed_at, 1)
-        # The restarted processor finds its old jobs' checkpoints held by the other one: it does not
-        # resume them (it waits, SF_PROCESSOR_TAKEN_OVER_DELAY_S, then starts with none and warms up as a
-        # standby, SF_PROCESSOR_TAKEN_OVER_WARMUP_S, before it registers); should a copy
-        # start anyway, control must stop it and leave the jobs where it placed them.
+        # The restarted processor finds its old jobs' checkpoints held by the other one: it waits,
+        # then starts with none and warms up as a standby (ProcessorTuning.taken_over_*). Should a
+        # copy start anyway, control must stop it and leave the jobs where it placed them.
         time.sleep(5)
         assert moved(), [self.control.status(j) for j in jobs]
         history = {

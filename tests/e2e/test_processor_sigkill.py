@@ -78,7 +78,7 @@ def test_sigkill_mid_stream_then_restart_gives_exact_results(
         paths.append(path)
     tumbling, sliding = (load_job_spec(p) for p in paths)
     cfg = dataclasses.replace(stack_cfg, job_specs=tuple(paths))
-    env = {"SF_DATA_DIR": str(tmp_path / "data")}  # its own checkpoints and job store
+    env = {"SF_DATA_DIR": str(tmp_path / "data")}  # its own checkpoints and job ledger
     ensure_topics(kafka_bootstrap, [tumbling.source.valid_topic, tumbling.output_topic], partitions=2)
     events = make_events(3_000, 60_000)
     chunks = [events[i : i + 100] for i in range(0, len(events), 100)]

@@ -52,9 +52,8 @@ def test_a_consumer_whose_queue_is_drained_fetches_again_within_its_short_backof
 ) -> None:
     """librdkafka stops fetching a partition whose local queue holds ``queued.min.messages`` and looks
     again only after ``fetch.queue.backoff.ms``, 1,000 ms by default: a service that drains its queue
-    faster waited out the rest of the second (raw consume ~180k records/s here against 620-860k). With
-    the queue full after every fetch, the default backoff takes a second a record; the services'
-    setting reads them all in a fraction of that."""
+    faster waits out the rest of the second. With the queue full after every fetch, the default
+    backoff takes a second a record; the services' setting reads them all in a fraction of that."""
     ensure_topics(kafka_bootstrap, [unique], partitions=1)
     _one_record_a_batch(kafka_bootstrap, unique, RECORDS)
     # The mechanism, with librdkafka's default backoff: a second between records.

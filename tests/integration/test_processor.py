@@ -134,7 +134,7 @@ def test_checkpoint_files_go_through_the_file_system_api(
     spark: SparkSession, kafka_bootstrap: str, unique: str, tmp_path
 ) -> None:  # type: ignore[no-untyped-def]
     """The offset and commit logs and the state changelogs are written through Hadoop's FileSystem
-    API (app.py: FileContext forks `readlink` for every rename of a local file), and a query still
+    API (spark/session.py: FileContext forks `readlink` for every rename of a local file), and a query still
     writes and resumes its checkpoint through it."""
     spec = spec_for(unique)
     ensure_topics(kafka_bootstrap, [spec.source.valid_topic, spec.output_topic], partitions=1)
@@ -158,7 +158,7 @@ def test_checkpoint_files_go_through_the_file_system_api(
 def test_local_checkpoint_files_are_created_without_a_chmod_process(
     spark: SparkSession, kafka_bootstrap: str, unique: str, tmp_path
 ) -> None:  # type: ignore[no-untyped-def]
-    """``file:`` paths go through the processor's local file system (app.py, local_fs_options): it
+    """``file:`` paths go through the processor's local file system (spark/session.py, local_fs_options): it
     sets the permissions Hadoop asks for through java.nio, not a `chmod` process per file, and a
     query writes and reads its checkpoint through it."""
     jvm = spark.sparkContext._jvm

@@ -1,6 +1,6 @@
 """A processor's Spark JVM keeps its temporary files in its scratch directory, and a processor killed
 with its JVM (SIGKILL to the process group: no shutdown hook runs) has them removed by the next start
-(services/processor/scratch.py), instead of leaving ~26 MB in /tmp each time."""
+(services/processor/spark/scratch.py), instead of leaving them in /tmp each time."""
 
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ def test_a_killed_processors_temporary_files_are_in_its_scratch_and_removed_by_t
     assert Path(killed["files"]).is_relative_to(scratch)  # the jars Spark serves its tasks
     # Spark's own directory, its block manager's, and lz4-java's native library: all in the scratch.
     assert {"spark", "blockmgr", "liblz4"} <= set(killed["entries"].split(","))
-    # What the kill left: the copies of the connector's jars, among the rest (~26 MB).
+    # What the kill left: the copies of the connector's jars, among the rest.
     assert _bytes_under(scratch) > 10_000_000
 
     code, started = run_processor(tmp_path, "close")

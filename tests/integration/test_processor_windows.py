@@ -279,7 +279,7 @@ def test_a_micro_batch_job_compiles_its_plan_once_not_every_batch(
     tmp_path: Path,
 ) -> None:
     """Generated code that changes every batch is compiled again every batch (Janino) and then by
-    the JIT, at ~0.4 of a core: the batch's result version must not be inlined as a number. What may
+    the JIT, a steady CPU cost: the batch's result version must not be inlined as a number. What may
     still compile per batch is Spark's own watermark predicate, one small class."""
     spec = spec_for(f"cg{uuid.uuid4().hex[:8]}", {"type": "tumbling", "size": "5s"}, "on_update")
     ensure_topics(kafka_bootstrap, [spec.source.valid_topic, spec.output_topic], partitions=2)
@@ -336,7 +336,7 @@ def test_a_windowed_batch_aggregates_by_hash_with_the_trace_context_in_its_state
     finally:
         query.stop()
     assert set(re.findall(r"\b(HashAggregate|ObjectHashAggregate|SortAggregate)\(", executed)) == {aggregate}
-    # No case mapping of the processor's own: Spark's first ICU case mapping in a JVM costs ~2 s
+    # No case mapping of the processor's own: Spark's first ICU case mapping in a JVM is slow
     # (services/processor/tracing.py, spark_traceparent_of_numbers).
     assert not re.search(r"\b(lower|upper|initcap)\(", executed), executed
     oracle = oracle_for(spec, rounds)

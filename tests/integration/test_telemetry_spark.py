@@ -3,7 +3,7 @@
 Records reach Spark with W3C traceparent headers (some sampled, some not, one malformed). The SQL from
 shared.tracing must pick exactly the sampled ones: as the micro-batch's observed metric (for the
 batch span, read in the query listener) and, per window, as the header of the output row (so the sink
-continues the trace), kept in the window's state the way the processor keeps it (query.sampled_trace:
+continues the trace), kept in the window's state the way the processor keeps it (plan.sampled_trace:
 as numbers, or as text in checkpoints of before). A plain-Python oracle over the same records says
 what to expect.
 """

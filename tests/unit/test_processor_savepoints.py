@@ -1,4 +1,4 @@
-"""Savepoint files and the job store (file handling only; real checkpoints: test_processor_jobs)."""
+"""Savepoint files and the job ledger (file handling only; real checkpoints: test_processor_jobs)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """A processor that comes back to find its jobs held by another waits before it starts Spark
-(services/processor/app.py, Processor._yield_to_takeover), so the other catches up on the cores."""
+(services/processor/service.py, Processor._yield_to_takeover), so the other catches up on the cores."""
 
 from __future__ import annotations
 

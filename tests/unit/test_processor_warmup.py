@@ -1,4 +1,4 @@
-"""What the warm-up reports of its throwaway job (services/processor/warmup.py)."""
+"""What the warm-up reports of its throwaway job (services/processor/warmup/)."""
 
 from __future__ import annotations
 
@@ -31,8 +31,8 @@ def test_the_records_read_are_the_sources_end_offsets_however_many_reports_spark
 
 def test_the_backlog_stops_at_its_deadline_and_counts_only_what_was_sent() -> None:
     # No broker at this address: librdkafka queues what it can (100,000 messages, then BufferError)
-    # and delivers nothing. Without the deadline the write ran until all 300,000 were queued and then
-    # waited 30 s for them: the warm-up outlasted its time on a loaded machine.
+    # and delivers nothing. Without the deadline the write would wait on that queue and outlast the
+    # warm-up's time.
     began = time.monotonic()
     sent = fill_backlog("127.0.0.1:1", "_sf-warmup-x.valid", 300_000, 1_000_000, deadline=began + 1)
     assert sent == 0

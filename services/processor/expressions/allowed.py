@@ -1,22 +1,13 @@
 """The Spark expressions a job expression may contain: a reviewed allow-list of Catalyst classes.
 
-``services.processor.expressions`` analyses every job expression and checks the class of each node of
-the analysed tree against ``ALLOWED``. Names in the text do not matter: an alias, a qualified name
-(``system.builtin.upper``), ``IDENTIFIER('upper')`` or a spelling a future Spark adds all resolve to
-a class, allowed or not. A class missing here is refused, so a function new in a Spark upgrade is
-refused until someone reviews it and adds it.
-
-What belongs here: pure functions of the row that take time and memory bounded by their input
-(linear, or n log n for sorting). What does not: anything that reads the clock, the session or the
-outside world (reflection, files, URLs, user-defined functions), random values, functions that fail
-on purpose, higher-order functions with lambdas, aggregates and window functions (the spec has its
-own), and functions whose result size or running time an argument sets without a bound. Those whose
-size an argument sets *with* a bound we can check statically are in ``BOUNDED_BUILDERS``; those that
-take a regex or LIKE pattern are in ``PATTERN_ARGUMENT`` (their pattern must be a literal that
-``services.processor.regex_safety`` accepts). Adding a class: check its Catalyst source for both.
-
-The names exist in Spark 4.2.0 and 4.3.0 (``tests/unit/test_processor_expressions_allowlist.py``
-checks them against the installed jar), except ``TypedNullLiteral``, which 4.3 removed.
+``services.processor.expressions.check`` checks the class of every node of an analysed expression
+against ``ALLOWED``, whatever name the text used, so a function a Spark upgrade adds is refused until
+someone reviews it here. What belongs here: pure functions of the row whose time and memory are
+bounded by their input (linear, or n log n for sorting). Not: anything reading the clock, the session
+or the outside world, random values, functions that fail on purpose, lambdas, aggregates and window
+functions, or results whose size an argument sets without a bound. A builder bounded by a literal goes
+in ``BOUNDED_BUILDERS``, a regex or LIKE function in ``PATTERN_ARGUMENT``: check a new class's Catalyst
+source for both. tests/security/test_job_expressions.py checks every name against the installed Spark.
 """
 
 from __future__ import annotations

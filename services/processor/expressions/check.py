@@ -1,23 +1,9 @@
 """User expressions (derive, filter, having) checked with Spark's own parser and analyser, then
-against an allow-list of what the analysed expression may contain.
-
-1. The session's SQL parser (``sessionState.sqlParser.parseExpression``) lets only an *expression*
-   through; subqueries, ``*`` and columns starting with ``__`` are refused in its tree.
-2. The expression is analysed against the columns it will see, on an empty local DataFrame with the
-   same schema: that names unknown columns or functions and type errors, and the plan may only gain
-   a projection or generator (derive) or a filter (filter, having).
-3. Every node of the analysed expression must be of a Catalyst class in
-   ``services.processor.allowed_expressions.ALLOWED``, whatever name the text used for it (aliases,
-   ``system.builtin.f``, ``IDENTIFIER('f')`` all resolve to the same class). Nodes are checked
-   outermost first, so a refusal names the function the user wrote. Casts must not be ANSI.
-4. Builders (``repeat``, ``sequence``, ...) need literal size arguments within the limits, and regex
-   and LIKE functions a literal pattern ``services.processor.regex_safety`` accepts. These are checked
-   innermost first: a literal argument is evaluated (constant folding on the driver) only after
-   everything inside it has passed.
+against an allow-list of what the analysed expression may contain (``checked_column``).
 
 Nothing the user wrote is evaluated by Python, no function can be registered (only Spark's built-in
-functions exist in this session), and the only parts Spark evaluates while checking are those
-literal arguments.
+functions exist in this session), and the only parts Spark evaluates while checking are literal
+arguments that have passed the check.
 """
 
 from __future__ import annotations
@@ -173,7 +159,22 @@ def checked_column(
     spark: SparkSession, text: str, row_schema: T.StructType, role: Role, where: str
 ) -> Column:
     """``text`` as a Column, after checking it parses, resolves, suits its role over ``row_schema`` and
-    contains only allowed expressions."""
+    contains only allowed expressions:
+
+    1. The session's SQL parser (``sessionState.sqlParser.parseExpression``) lets only an *expression*
+       through; subqueries, ``*`` and columns starting with ``__`` are refused in its tree.
+    2. The expression is analysed against the columns it will see, on an empty local DataFrame with the
+       same schema: that names unknown columns or functions and type errors, and the plan may only gain
+       a projection or generator (derive) or a filter (filter, having).
+    3. Every node of the analysed expression must be of a Catalyst class in
+       ``services.processor.expressions.allowed.ALLOWED``, whatever name the text used for it (aliases,
+       ``system.builtin.f``, ``IDENTIFIER('f')`` all resolve to the same class). Nodes are checked
+       outermost first, so a refusal names the function the user wrote. Casts must not be ANSI.
+    4. Builders (``repeat``, ``sequence``, ...) need literal size arguments within the limits, and regex
+       and LIKE functions a literal pattern ``services.processor.expressions.regex_safety`` accepts. These
+       are checked innermost first: a literal argument is evaluated (constant folding on the driver) only
+       after everything inside it has passed.
+    """
     parse_checked(spark, text, where)
     empty = spark.createDataFrame([], row_schema)
     column = F.expr(text)

@@ -1,30 +1,11 @@
 """Could a Java regular expression backtrack catastrophically? A static check, in plain Python.
 
 Spark's regex functions (``rlike``, ``regexp_replace``, ``split``, ...) run ``java.util.regex``, a
-backtracking engine: ``^(.*a){10}$`` takes exponential time on a 61-character value and holds a task
-slot for as long as it runs (cancelling the query does not interrupt it). A job expression may
-therefore only use a pattern that :func:`regex_problem` accepts. It parses the pattern with Java's
-syntax (what it does not understand it refuses, it never guesses) and refuses:
-
-- a pattern longer than :data:`MAX_PATTERN_LENGTH` characters;
-- backreferences (``\\1``, ``\\k<name>``);
-- a repeated part that contains a quantifier of variable count: ``(a+)+``, ``(.*a){10}``,
-  ``(a?){20}``, the classic exponential case (a fixed count inside, as in ``(ab{2})+``, is fine);
-- alternatives inside a repeated part unless each starts with a different literal character
-  (``(GET|PUT)+`` is fine; ``(a|a)*``, ``(a|ab)*`` and ``(\\d|x)+`` are not);
-- more than :data:`MAX_OPEN_QUANTIFIERS` open quantifiers (``*``, ``+``, ``{n,}``, or a range wider
-  than :data:`OPEN_RANGE`): backtracking over k of them costs up to the value's length to the power
-  k, so ``.*a.*a.*a.*a`` is refused although nothing in it is nested;
-- optional and ranged parts whose choices multiply past :data:`MAX_BOUNDED_CHOICES` (``a?`` ten
-  times is 1024 ways);
-- counts above :data:`MAX_REPEAT_COUNT`, the comments flag ``(?x)`` (it changes how the pattern
-  parses) and canonical equivalence ``(?c)``.
-
-What passes costs at most a low power of the value's length. That power still matters for very long
-values: an unanchored ``a*b`` is quadratic (26 s on a 100 000-character value, measured on this
-machine), a cost no check of the pattern alone can remove.
-
-:func:`like_problem` applies the same limits to SQL LIKE patterns (Spark runs ``%`` as ``.*``).
+backtracking engine: ``^(.*a){10}$`` takes time exponential in the value's length and holds a task
+slot for as long as it runs (cancelling the query does not interrupt it). So a job expression may only
+use a pattern :func:`regex_problem` accepts (:func:`like_problem` for SQL LIKE, whose ``%`` runs as
+``.*``). What passes costs at most a low power of the value's length; on very long values even that
+shows (an unanchored ``a*b`` is quadratic), and no check of the pattern alone can remove it.
 """
 
 from __future__ import annotations
@@ -381,7 +362,25 @@ def _parse(pattern: str) -> tuple[_Node, _Parser]:
 
 
 def regex_problem(pattern: str) -> str | None:
-    """Why ``pattern`` is refused (it could backtrack catastrophically, or is not understood), or None."""
+    """Why ``pattern`` is refused (it could backtrack catastrophically, or is not understood), or None.
+
+    The pattern is parsed with Java's syntax (what the parser does not understand it refuses, it never
+    guesses). Refused:
+
+    - a pattern longer than :data:`MAX_PATTERN_LENGTH` characters;
+    - backreferences (``\\1``, ``\\k<name>``);
+    - a repeated part that contains a quantifier of variable count: ``(a+)+``, ``(.*a){10}``,
+      ``(a?){20}``, the classic exponential case (a fixed count inside, as in ``(ab{2})+``, is fine);
+    - alternatives inside a repeated part unless each starts with a different literal character
+      (``(GET|PUT)+`` is fine; ``(a|a)*``, ``(a|ab)*`` and ``(\\d|x)+`` are not);
+    - more than :data:`MAX_OPEN_QUANTIFIERS` open quantifiers (``*``, ``+``, ``{n,}``, or a range wider
+      than :data:`OPEN_RANGE`): backtracking over k of them costs up to the value's length to the power
+      k, so ``.*a.*a.*a.*a`` is refused although nothing in it is nested;
+    - optional and ranged parts whose choices multiply past :data:`MAX_BOUNDED_CHOICES` (``a?`` ten
+      times is 1024 ways);
+    - counts above :data:`MAX_REPEAT_COUNT`, the comments flag ``(?x)`` (it changes how the pattern
+      parses) and canonical equivalence ``(?c)``.
+    """
     if len(pattern) > MAX_PATTERN_LENGTH:
         return f"it is longer than {MAX_PATTERN_LENGTH} characters"
     try:

@@ -132,7 +132,7 @@ class JobRunner:
 
     @property
     def command_lock(self) -> AbstractContextManager[Any]:
-        """Held by each start and stop; a warm-up's query starts inside it too (shapes.py)."""
+        """Held by each start and stop; a warm-up's query starts inside it too (warmup/shapes.py)."""
         return self._command_lock
 
     def idle(self) -> bool:

@@ -111,7 +111,7 @@ def was_stopped(checkpoint: Path) -> bool:
 
 
 def versions_of(checkpoint: Path) -> str:
-    """How the results of a query started on ``checkpoint`` are versioned (services.processor.versions).
+    """How the results of a query started on ``checkpoint`` are versioned (jobs/versions.py).
 
     A checkpoint Spark has not written yet takes row versions. One it has written keeps the scheme
     its note names; a note without one is older than row versions: micro-batch ids then.
@@ -126,7 +126,7 @@ def trace_state_of(checkpoint: Path) -> str | None:
     """How a windowed query started on ``checkpoint`` keeps a window's sampled trace context in its
     state (services.processor.tracing.TRACE_NUMBERS or TRACE_TEXT): Spark refuses a state whose
     schema changed. None for a checkpoint Spark has not written yet (the plan chooses:
-    query.trace_state_for); one it has written keeps what its note names, and a note without it is
+    plan.trace_state_for); one it has written keeps what its note names, and a note without it is
     older than numbers: text.
     """
     if not (checkpoint / "metadata").exists():

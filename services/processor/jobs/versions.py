@@ -1,22 +1,12 @@
 """Result versions: ``epoch * 2**32 + n``, strictly growing per window of a job.
 
-``n`` is the number of rows the window has aggregated so far. Spark emits a window only when rows
-were added to it (update mode) or once, when it closes (append mode), so each update of a window
-follows at least one more row; a batch replayed after a crash reads the same offsets, aggregates
-the same rows and emits the same versions again, which a sink refuses as not newer. The count is
-part of the aggregation, so the version is computed inside the query, per row, in both trigger
-modes: no per-batch literal and no foreachBatch round trip through the Python driver.
-
-Checkpoints written before that (micro-batch jobs only) keep their own scheme, ``n`` = the
-micro-batch id, passed in by foreachBatch: their state holds no row count (``BATCH_VERSIONS``).
-
-- Every start from a savepoint takes a new epoch, higher than any epoch the job id has used (the
-  processor keeps the highest in its job store and in the checkpoint), so even a restore of an
-  *older* savepoint, whose counts (or batch ids) start lower again, emits versions above everything
-  before.
-
-Versions stay below 2**53 so that every JSON reader and Redis's Lua (doubles) compare them exactly:
-that leaves 2**21 epochs and 2**32 rows (or batches) per window and epoch.
+``n`` is the rows the window has aggregated so far: each update of a window follows at least one more
+row, and a batch replayed after a crash emits the same versions again, which a sink refuses as not
+newer. It is computed inside the query, per row, in both trigger modes. Micro-batch checkpoints
+written before row counts keep ``n`` = the micro-batch id (``BATCH_VERSIONS``). Every start from a
+savepoint takes an epoch above any the job id has used (kept in the job ledger and the checkpoint), so
+even an *older* savepoint's restore emits versions above everything before. Versions stay below 2**53
+so that JSON readers and Redis's Lua (doubles) compare them exactly: 2**21 epochs, 2**32 rows each.
 """
 
 from __future__ import annotations

@@ -1,19 +1,13 @@
 """A class-data-sharing (CDS) archive of the classes the processor's Spark driver loads.
 
-A processor that starts (first start, or a restart after a crash) spends most of its time in the
-JVM: starting the SparkSession and running a job's first micro-batch load, parse and verify tens of
-thousands of classes. A dynamic CDS archive (JDK 13+) holds those classes already parsed and verified:
-the JVM maps it instead of reading ~300 jars, and the session and the first batch come up sooner.
+A processor's start (first start, or a restart after a crash) is mostly the JVM loading, parsing and
+verifying tens of thousands of classes for the SparkSession and a job's first micro-batch. A dynamic
+CDS archive (JDK 13+) holds them parsed and verified, so the JVM maps it instead of reading the jars.
 
-``python -m services.processor.class_archive OUT`` makes one: it starts a SparkSession as the processor
-does (``build_spark``), runs a short streaming query shaped like a job's (JSON parsing, event-time
-window with the nine aggregates, RocksDB state, ``foreachBatch``), then ends the JVM, which writes
-every class it loaded to OUT (``-XX:ArchiveClassesAtExit``). The processor then starts its JVM with
-``-XX:SharedArchiveFile=OUT -Xshare:auto`` (``SF_PROCESSOR_CLASS_ARCHIVE``; infra makes the archive at
-set-up and fills the setting).
-
-An archive fits one JDK and one class path. When either changed the JVM says so in one warning and
-loads the classes the slow way (``-Xshare:auto``): a stale archive costs time, never a start.
+``python -m services.processor.spark.class_archive OUT`` makes one (infra, at set-up, which then fills
+``SF_PROCESSOR_CLASS_ARCHIVE``): a short streaming query shaped like a job's, in a JVM that writes every
+class it loaded to OUT as it exits (``-XX:ArchiveClassesAtExit``). An archive fits one JDK and one class
+path; with ``-Xshare:auto`` a stale one costs a warning and the slow start, never a start.
 """
 
 from __future__ import annotations
@@ -92,8 +86,8 @@ def _train(spark: SparkSession, checkpoint: Path) -> None:
 def make_archive(out: Path, jars: list[str], local_fs_jar: str = "") -> Path:
     """Run the training query in a JVM that writes its classes to ``out`` when it exits.
 
-    ``local_fs_jar`` (app.py, local_fs_options) goes on the class path as the processor's will: an
-    archive only maps into a JVM whose class path matches the one it was made with."""
+    ``local_fs_jar`` (spark/session.py, local_fs_options) goes on the class path as the processor's
+    will: an archive only maps into a JVM whose class path matches the one it was made with."""
     out = out.resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(out.name + ".partial")

@@ -1,25 +1,11 @@
 """A processor's scratch directory: where its Spark JVM keeps temporary files, reclaimed after a crash.
 
-Spark's driver puts its temporary files under ``spark.local.dir`` and ``java.io.tmpdir`` (both /tmp
-unless set): a copy of every jar it serves to its tasks (~26 MB a start), its block manager's shuffle
-files, its artifacts, and the native libraries lz4-java and RocksDB extract. It deletes them in JVM
-shutdown hooks, which a SIGKILL skips (the OOM killer, a liveness probe, a supervisor's `kill -9`).
-Every killed processor left them behind: 38 ``spark-*`` directories (383 MB) in /tmp after a morning
-of benchmarks that kill processors, and a processor in a crash loop fills its disk.
-
-So each processor gives its JVM a directory of its own, ``<root>/<pid>-<hex>``, and holds ``flock``
-on a file in it for as long as it lives; the kernel lets go of the lock when the process dies,
-however it dies. A processor that starts removes every directory under the root whose lock nobody
-holds. Claims take a lock on the root first, so a directory is never seen before its owner holds it.
-Processors on one machine (a standby beside the main one, tests) share the root and reap only the
-dead.
-
-The default root is in the shared, world-writable /tmp under a name anyone can guess, so another
-local user could make it first: a symlink to a directory of ours, say, whose subdirectories the
-reaping would then remove. So the root is used only if it is a real directory (not a link) owned by
-this user and writable by nobody else; anything else gets a warning and a fresh private directory
-(``tempfile.mkdtemp``) instead, with nothing reaped. And only entries named as claims name them
-(``<pid>-<8 hex digits>``) that hold a lock file (opened without following links) are ever removed.
+Spark's driver keeps temporary files (a copy of every jar it serves its tasks, shuffle files, the
+native libraries lz4-java and RocksDB extract) under ``spark.local.dir`` and ``java.io.tmpdir`` (both
+/tmp unless set) and deletes them in JVM shutdown hooks, which a SIGKILL skips: every killed processor
+left them behind, and one in a crash loop fills its disk. So each processor's JVM gets a directory of
+its own, ``<root>/<pid>-<hex>``, held with ``flock`` while the process lives (the kernel lets go when
+it dies, however it dies), and a processor that starts removes every directory nobody holds.
 """
 
 from __future__ import annotations
@@ -62,8 +48,17 @@ class Scratch:
 
 
 def claim(root: Path) -> Scratch:
-    """A new scratch directory under ``root``, after removing those of processes that are gone; a
-    private temporary directory instead if ``root`` is not safe to use (see the module's text)."""
+    """A new scratch directory under ``root``, after removing those of processes that are gone.
+
+    Claims take a lock on the root first, so a directory is never seen before its owner holds it;
+    processors on one machine (a standby beside the main one, tests) share the root and reap only the
+    dead. The default root is a guessable name in the world-writable /tmp that another local user
+    could make first (a symlink to a directory of ours, whose subdirectories reaping would remove):
+    ``root`` is used only if it is a real directory (not a link) owned by this user and writable by
+    nobody else, else a warning and a private ``tempfile.mkdtemp`` directory, with nothing reaped.
+    Only entries named as claims name them (``<pid>-<8 hex digits>``) that hold a lock file (opened
+    without following links) are ever removed.
+    """
     try:
         root.mkdir(mode=0o700, parents=True, exist_ok=True)
         unsafe = _unsafe_root(root)

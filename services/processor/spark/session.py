@@ -19,7 +19,7 @@ DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 EXECUTOR_JAVA_OPTIONS = "spark.executor.extraJavaOptions"
 DRIVER_CLASS_PATH = "spark.driver.extraClassPath"
 EXECUTOR_IN_WORK_DIR = "-Djava.io.tmpdir=."  # relative: the executor's working directory
-# ProcessorSettings.jit -> JVM options; "quick" is C1 alone, without C2.
+# ProcessorTuning.jit -> JVM options; "quick" is C1 alone, without C2.
 JIT_OPTIONS = {"tiered": "", "quick": "-XX:TieredStopAtLevel=1"}
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 CHECKPOINT_FILE_MANAGER = (

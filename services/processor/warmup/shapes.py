@@ -1,17 +1,11 @@
 """An idle processor warms up on the shape of each job control runs, so a job it takes over finds its
 code compiled.
 
-The start-up warm-up (warmup.py) runs a throwaway job of its own shape. A job that a standby takes
-over then still generates and compiles its own classes, and runs them interpreted, in its first
-batch. Spark caches a compiled class by its source text (``spark.sql.codegen.cache.maxEntries``), and
-the same spec on other topics gives the same text: so a warm-up on a copy of the job's spec
-(``warmup.shaped_like``) leaves that job's classes compiled, and the JIT has run them.
-
-Control sends every processor the specs of the active jobs (StreamConfig.ApplyStreams, as it does
-ingest and the sink). A processor that runs no job warms up once on each shape it has not warmed
-yet, one at a time, ``shape_warmup_s`` each, ``SHAPE_WARMUP_DELAY_S`` after the specs came (so the
-processor a new job is placed on starts it first). A job starting here cancels a warm-up that runs,
-and waits for its query to stop: a takeover never shares the JVM with a warm-up.
+The start-up warm-up (warmup/startup.py) runs a throwaway job of its own shape: a job a standby takes
+over would still generate, compile and interpret its own classes in its first batch. Spark caches a
+compiled class by its source text (``spark.sql.codegen.cache.maxEntries``), and the same spec on other
+topics gives the same text: so a warm-up on a copy of the job's spec (``specs.shaped_like``) leaves
+that job's classes compiled, and the JIT has run them.
 """
 
 from __future__ import annotations
@@ -41,6 +35,12 @@ CANCEL_WAIT_S = 30.0  # how long a job's start waits for a warm-up's query to st
 
 
 class ShapeWarmer:
+    """Control sends every processor the specs of the active jobs (StreamConfig.ApplyStreams, as it
+    does ingest and the sink). A processor that runs no job warms up once on each shape it has not
+    warmed yet, one at a time, ``shape_warmup_s`` each, ``SHAPE_WARMUP_DELAY_S`` after the specs came
+    (so the processor a new job is placed on starts it first). A job starting here cancels a warm-up
+    that runs and waits for its query to stop: a takeover never shares the JVM with a warm-up."""
+
     def __init__(
         self,
         spark: SparkSession,

@@ -131,13 +131,13 @@ def warm_up(
     starting: contextlib.AbstractContextManager[Any] | None = None,
 ) -> Warmed:
     """Run the throwaway job over a backlog of ``backlog`` events (default
-    ``settings.tuning.warmup_backlog_events``) and then 1,000 events/s, all within ``seconds`` (default
-    ``settings.warmup_s``) but for the clean-up, or until ``cancel`` is set; returns what it ran (no
-    batches when it failed: logged, never raised). The job is ``warmup_spec``'s, or ``like`` on
-    warm-up topics (``shaped_like``). Its query starts inside ``starting`` (the processor's command
-    lock, when jobs may start meanwhile). Its checkpoint goes in ``workdir`` (default: the data
-    directory): the processor gives its scratch directory, which the next start removes should this
-    one be killed during the warm-up."""
+    ``settings.tuning.warmup_backlog_events``) and then live events (LIVE_EVENTS_PER_S), all within
+    ``seconds`` (default ``settings.warmup_s``) but for the clean-up, or until ``cancel`` is set;
+    returns what it ran (no batches when it failed: logged, never raised). The job is
+    ``warmup_spec``'s, or ``like`` on warm-up topics (``shaped_like``). Its query starts inside
+    ``starting`` (the processor's command lock, when jobs may start meanwhile). Its checkpoint goes in
+    ``workdir`` (default: the data directory): the processor gives its scratch directory, which the
+    next start removes should this one be killed during the warm-up."""
     seconds = seconds or settings.warmup_s
     backlog_events = settings.tuning.warmup_backlog_events if backlog is None else backlog
     tag = tag or new_tag()
@@ -160,8 +160,7 @@ def warm_up(
     batches = rows = largest = 0
     created = False
     # The set-up (topics, then the backlog's write) gets at most half the time, the query the rest: on a
-    # loaded machine the backlog's write alone outlasted a 30 s warm-up (300,000 events, 28 s), and its
-    # processor registered late.
+    # loaded machine the backlog's write alone can outlast the warm-up, and the processor registers late.
     set_up_by = began + seconds / 2
     try:
         if cancelled.is_set():

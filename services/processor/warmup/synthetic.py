@@ -89,9 +89,9 @@ def fill_backlog(
 ) -> int:
     """Up to ``events`` events (default: the warm-up job's), their event times in order over the
     minute before ``now_ms``, packed BACKLOG_PACK_EVENTS to a record as ingest packs them, produced at
-    once (~1 s for 300,000 on a quiet machine), until the monotonic ``deadline`` or ``cancel``: on a
-    loaded machine the rest is left out, so that the warm-up keeps to its time. Returns how many
-    events were sent by then (acknowledged by the broker)."""
+    once until the monotonic ``deadline`` or ``cancel``: on a loaded machine the rest is left out, so
+    that the warm-up keeps to its time. Returns how many events were sent by then (acknowledged by
+    the broker)."""
     synthetic = synthetic or Synthetic(warmup_spec("x").source, BACKLOG_KEYS)
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50, "batch.size": 1_000_000})
     start = now_ms - BACKLOG_SPAN_MS
