@@ -1,7 +1,7 @@
 """SETTINGS.md, the table of every public setting, generated from the pydantic settings classes.
 
-    python -m infra.settings_table          # rewrite SETTINGS.md
-    python -m infra.settings_table --check  # exit 1 when SETTINGS.md is not what the classes say
+python -m infra.settings_table          # rewrite SETTINGS.md
+python -m infra.settings_table --check  # exit 1 when SETTINGS.md is not what the classes say
 """
 
 from __future__ import annotations
