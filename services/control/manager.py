@@ -27,10 +27,10 @@ from services.control.settings import ControlSettings
 from services.control.store import InstanceRecord, InstanceStore, JobRecord, JobStore
 from services.control.transitions import Transitions
 from shared import constants
+from shared.allowed_paths import refusal, under_roots
 from shared.clock import Clock, wall_clock_ms
 from shared.jobspec import JobSpec, spec_from_json
 from shared.jobstate import ACTIVE_STATES, JobState
-from shared.paths import refusal, under_roots
 
 log = logging.getLogger(__name__)
 

@@ -41,11 +41,11 @@ from services.processor.jobs.versions import ROW_VERSIONS
 from services.processor.metrics import JOB_RESTARTS, JobMetricsListener
 from services.processor.settings import ProcessorSettings
 from services.processor.spark.scheduler import STOPPED_TASKS_TIMEOUT_S, await_tasks
+from shared.allowed_paths import refusal, under_roots
 from shared.errors import SpecError
 from shared.jobspec import JobSpec
 from shared.jobstate import ACTIVE_STATES, QUARANTINED, JobState
 from shared.kafka import ensure_topics
-from shared.paths import refusal, under_roots
 
 log = logging.getLogger(__name__)
 
