@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from infra.images import kube
 from infra.images.container_stack import local_settings
 from infra.local.stack import StackConfig, service_env, standby_env
 from infra.settings_table import SECTIONS, TABLE, public_fields, render
@@ -23,9 +24,11 @@ def test_every_public_setting_has_a_description_and_internal_tuning_is_left_out(
 
 
 def test_every_variable_the_stacks_set_is_a_setting_of_its_service(tmp_path: Path) -> None:
-    """A service refuses to start on a variable with its prefix that names no setting."""
+    """A service refuses to start on a variable with its prefix that names no setting: the local
+    stack's, the standby's, the containers' and the Kubernetes ConfigMap's."""
     cfg = StackConfig(run_dir=tmp_path)
-    for env in (service_env(cfg), standby_env(cfg), local_settings(cfg)):
+    configmap = kube.find(kube.load(), "ConfigMap", kube.CONFIGMAP)["data"]
+    for env in (service_env(cfg), standby_env(cfg), local_settings(cfg), configmap):
         for _, model in SECTIONS:
             if issubclass(model, BaseServiceSettings):
                 assert model.unknown_variables(env) == [], model.__name__
