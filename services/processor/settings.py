@@ -12,7 +12,7 @@ from pydantic_settings import SettingsConfigDict
 from shared.jvm import memory_mib
 from shared.settings import BaseServiceSettings, tuning_field
 
-# Spark refuses a driver heap it reads as under 450 MiB, and only seconds into its start; the JVM
+# Spark refuses a driver heap under 1.5 times its reserved memory, and only seconds into its start; the JVM
 # reads a number without a unit as bytes and Spark as MiB, so a unit is required.
 MIN_DRIVER_MEMORY_MIB = 512
 
