@@ -46,8 +46,8 @@ class Load:
     def __init__(self, bootstrap: str, topic: str, keys: int = workload.KEYS) -> None:
         self.topic = topic
         # Background events are batched as a client's default linger.ms batches them; markers must not
-        # wait for a batch, so they get their own producer at linger 1 ms (one producer for both would
-        # send a request every few ms and load the broker on the cores the stack under test runs on).
+        # wait for a batch, so they get their own producer that sends at once (one producer for both
+        # would send a request every few ms and load the broker on the cores the stack under test uses).
         self.producer = Producer({"bootstrap.servers": bootstrap})
         self.marker_producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 1})
         self.keys = [f"k{i:04d}" for i in range(keys)]

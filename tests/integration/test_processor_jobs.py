@@ -451,8 +451,8 @@ def test_a_warm_up_runs_a_throwaway_job_and_leaves_nothing_behind(
     # Its time bounds all of it, the backlog's write included, but for the clean-up (stopping the
     # query, deleting the topics, a full collection).
     assert time.monotonic() - began < settings.warmup_s + 15
-    # The backlog's batch and at least one after it (500 ms trigger, but after the set-up and a cold
-    # first batch only two may fit in the warm-up's time on a loaded machine).
+    # The backlog's batch and at least one after it: after the set-up and a cold first batch, only
+    # two may fit in the warm-up's time on a loaded machine.
     assert warmed.batches >= 2
     # The whole backlog was read (packs of 200 events: 150 records), and events produced at 1,000 a
     # second after it, a record each; no batch read more than warmup_batch_records, and the backlog's
