@@ -26,10 +26,12 @@ from services.sink import metrics as m
 from services.sink.cache import CacheEntry, TopicPartitionKey, entry_size
 from services.sink.deadletters import SERVICE, DeadLetters
 from services.sink.errors import DeadLetterError, SinkError
+from services.sink.fencing import SinkFences
 from services.sink.flush import CacheFlusher
 from services.sink.settings import DLQ_FLUSH_TIMEOUT_S, SHUTDOWN_FLUSH_TIMEOUT_S, SinkSettings
 from services.sink.writer import ResultWriter, parse_update
 from shared import constants
+from shared.fences import epoch_of, fence_of
 from shared.jobspec import JobSpec
 from shared.kafka import (
     close_consumer,
@@ -73,6 +75,7 @@ class Sink:
             retry=Retry(NoBackoff(), 0),
         )
         writer = ResultWriter(client, settings.window_ttl_ms)
+        self._fences = SinkFences(client)
         self._flusher = CacheFlusher(
             writer, settings.cache_max_bytes_buffering, self._tracer, self._dead_letters.refused
         )
@@ -221,7 +224,11 @@ class Sink:
         msgs = consume_batch(consumer, t.batch_max_records, wait_s, t.batch_linger_ms / 1000)
         records = [msg for msg in msgs if is_record(msg)]
         started = time.perf_counter()
-        jobs = self._absorb(records)
+        try:
+            jobs = self._absorb(records)
+        except redis.RedisError as e:
+            self._on_redis_failure(e)
+            return len(records)
         self._dead_letters.poll()
         self._dead_letters.check()
         if self._paused and self._clock() < self._retry_at:
@@ -245,19 +252,55 @@ class Sink:
         return len(records)
 
     def _absorb(self, records: list[Message]) -> set[str]:
-        """Records -> cache (bad ones -> dead-letter topic); returns the jobs they were about."""
+        """Records -> cache (bad ones and fenced-off ones -> dead-letter topic); returns the jobs they
+        were about.
+
+        Raises redis.RedisError when the fences could not be read or a new one stored: the records
+        from there on are not taken, and their partitions are sought back to read them again."""
         per_job: Counter[str] = Counter()
-        for msg in records:
+        for i, msg in enumerate(records):
             topic, partition, offset = coordinates(msg)
+            headers = msg.headers()  # a consumed record's headers are a list (or None)
+            try:
+                self._fences.ensure_loaded()
+                fence = fence_of(headers if isinstance(headers, list) else None)
+                if fence is not None:
+                    self._fences.add((topic, partition), offset, fence)
+            except redis.RedisError:
+                self._seek_back(records[i:])
+                raise
+            except ValueError as e:  # a malformed fence record
+                self._positions[(topic, partition)] = offset + 1
+                self._dead_letters.unreadable(msg, type(e).__name__, str(e))
+                continue
             self._positions[(topic, partition)] = offset + 1
+            if fence is not None:
+                log.info(
+                    "fence of job %s at epoch %d read at %s[%d]@%d",
+                    fence.job_id,
+                    fence.epoch,
+                    topic,
+                    partition,
+                    offset,
+                )
+                continue
             value = msg.value() or b""
             try:
                 result = parse_update(value)
             except ValueError as e:  # MalformedResult, or a value parse_update refuses
                 self._dead_letters.unreadable(msg, type(e).__name__, str(e))
                 continue
+            epoch = epoch_of(result.version)
+            stale = self._fences.stale_by((topic, partition), result.job_id, epoch, offset)
+            if stale is not None:
+                self._dead_letters.stale(
+                    msg,
+                    result.job_id,
+                    f"epoch {epoch} of job {result.job_id} comes after the fence of epoch {stale[0]} "
+                    f"at offset {stale[1]}: an update of the processor the job was taken from",
+                )
+                continue
             per_job[result.job_id] += 1
-            headers = msg.headers()  # a consumed record's headers are a list (or None)
             traceparent = sampled_traceparent(headers) if isinstance(headers, list) else None
             entry = CacheEntry(result, entry_size(value), topic, partition, offset, traceparent)
             self._flusher.put(entry)
@@ -268,6 +311,16 @@ class Sink:
         m.CACHE_BYTES.set(self._flusher.cache.bytes)
         m.CACHE_ENTRIES.set(len(self._flusher.cache))
         return set(per_job)
+
+    def _seek_back(self, records: list[Message]) -> None:
+        """Read these records again: each partition from its first one among them."""
+        assert self._consumer is not None
+        first: dict[TopicPartitionKey, int] = {}
+        for msg in records:
+            topic, partition, offset = coordinates(msg)
+            first.setdefault((topic, partition), offset)
+        for (topic, partition), offset in first.items():
+            self._consumer.seek(TopicPartition(topic, partition, offset))
 
     def _flush_and_commit(self, reason: str) -> None:
         """Write the evicted and cached updates, then commit everything read so far.
@@ -328,6 +381,7 @@ class Sink:
     # --- rebalances -----------------------------------------------------------------------------
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         log.info("assigned %s", partition_names(partitions))
+        self._fences.forget()  # another replica may have read new fences while it owned them
         if self._paused:
             # Newly assigned partitions must wait for Redis too; paused on the next loop turn.
             self._pause_assignment = True

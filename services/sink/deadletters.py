@@ -1,4 +1,5 @@
-"""The sink's dead letters: records it cannot read and updates Redis refused, each to ``<topic>.dlq``.
+"""The sink's dead letters: records it cannot read, fenced updates and updates Redis refused, each to
+``<topic>.dlq``.
 
 A dead letter must be in Kafka before the offset of its record is committed: ``flush`` says how many
 are not delivered yet, and ``check`` raises once a delivery failed.
@@ -19,6 +20,7 @@ from shared.metrics import DLQ_EVENTS
 log = logging.getLogger(__name__)
 SERVICE = "sink"
 REDIS_REFUSED = "RedisRefused"  # the error class of an update Redis refused
+STALE_EPOCH = "StaleEpoch"  # the error class of an update a newer epoch's fence came before
 
 Headers = list[tuple[str, str | bytes | None]]
 
@@ -41,6 +43,14 @@ class DeadLetters:
         self._produce(topic, msg.key(), msg.value(), headers)
         DLQ_EVENTS.labels(SERVICE, "unknown", error_class).inc()
         log.error("unreadable result at %s[%d]@%d: %s", topic, partition, offset, reason)
+
+    def stale(self, msg: Message, job_id: str, reason: str) -> None:
+        """A window update of a deposed processor: it follows a newer epoch's fence in its partition."""
+        topic, partition, offset = coordinates(msg)
+        headers = dead_letter_headers_of(msg, STALE_EPOCH, reason, SERVICE)
+        self._produce(topic, msg.key(), msg.value(), headers)
+        DLQ_EVENTS.labels(SERVICE, job_id, STALE_EPOCH).inc()
+        log.warning("stale update at %s[%d]@%d: %s", topic, partition, offset, reason)
 
     def refused(self, entry: CacheEntry, error: str) -> None:
         """An update Redis refused (e.g. its key holds another type): parked, never retried forever."""

@@ -15,8 +15,9 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F
 
 from services.processor.errors import ProcessorError
+from shared.fences import EPOCH_SHIFT
 
-BATCH_BITS = 32
+BATCH_BITS = EPOCH_SHIFT
 MAX_EPOCH = 2**21 - 1
 MAX_BATCH_ID = 2**BATCH_BITS - 1
 # How a checkpoint's windows are versioned (kept in the processor's note in the checkpoint).
