@@ -16,7 +16,7 @@ from rich.table import Table
 from infra import pki
 from infra.artifacts import apt, class_archive, fetch, local_fs
 from infra.errors import InfraError
-from infra.local import procs
+from infra.local import procs, redis_sentinel
 from infra.local.kafka_broker import DEFAULT_HEAP, KafkaBroker
 from infra.local.redis_server import RedisServer
 from infra.paths import CACHE_DIR, RUN_DIR
@@ -88,6 +88,8 @@ def cmd_setup(args: argparse.Namespace) -> None:
     _done(f"processor class archive: {archive.name} ({'made' if made else 'cached'})", t1)
     _step("redis-server (Debian package)")
     RedisServer(args.run_dir, args.redis_port).ensure_installed()
+    _step("redis-sentinel (Debian package, for Redis failover in `make cluster` and its tests)")
+    redis_sentinel.ensure_installed(log=_step)
     _step("chromium (Debian package, for the dashboard's browser test)")
     apt.CHROMIUM.ensure_installed(log=_step)
     _step("ss (Debian package iproute2, for the tests that list a JVM's ports)")
@@ -234,7 +236,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("fetch", help="resolve the Kafka, spark-sql-kafka and Zipkin jars into .cache (once)")
     sub.add_parser("up", help="fetch, then start Redis and Kafka and wait until they answer")
-    sub.add_parser("setup", help="check Java, fetch the jars, install redis-server and chromium when missing")
+    sub.add_parser(
+        "setup",
+        help="check Java, fetch the jars, install redis-server, redis-sentinel and chromium when missing",
+    )
     down = sub.add_parser(
         "down", help="stop every process with a pid file (services, then Zipkin, Redis, Kafka)"
     )

@@ -18,7 +18,15 @@ from collections.abc import Mapping
 from typing import Any, ClassVar, Literal, Self
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import AliasChoices, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import (
+    AliasChoices,
+    Field,
+    SecretStr,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
@@ -73,7 +81,36 @@ class BaseServiceSettings(BaseSettings):
     redis_url: str = Field(
         "redis://127.0.0.1:6379/0",
         validation_alias=shared_name("redis_url"),
-        description="Redis URL, with the service's user and password",
+        description="Redis URL, with the service's user and password; with `redis_sentinels` only its "
+        "user, password and database are used",
+    )
+    redis_sentinels: str = Field(
+        "",
+        validation_alias=shared_name("redis_sentinels"),
+        description="Redis Sentinels, `host:port,...`: clients ask them where the primary is and follow "
+        "its failovers; empty: `redis_url` names the one Redis",
+    )
+    redis_master_name: str = Field(
+        "streamforge",
+        validation_alias=shared_name("redis_master_name"),
+        description="the name the Sentinels monitor the primary under",
+    )
+    redis_sentinel_user: str = Field(
+        "",
+        validation_alias=shared_name("redis_sentinel_user"),
+        description="the user clients authenticate to the Sentinels as (empty: `default`)",
+    )
+    redis_sentinel_password: SecretStr = Field(
+        SecretStr(""),
+        validation_alias=shared_name("redis_sentinel_password"),
+        description="that user's password (empty: Sentinels without a password)",
+    )
+    redis_wait_replicas: int = Field(
+        0,
+        ge=0,
+        validation_alias=shared_name("redis_wait_replicas"),
+        description="replicas that must acknowledge a write (Redis `WAIT`) before the sink commits the "
+        "offsets it covers and before control answers for a job it stored; 0: no waiting",
     )
     log_level: LogLevel = Field("INFO", validation_alias=shared_name("log_level"), description="log level")
     data_dir: str = Field(
@@ -142,6 +179,15 @@ class BaseServiceSettings(BaseSettings):
             if isinstance(field.validation_alias, AliasChoices):
                 known |= {str(c).upper() for c in field.validation_alias.choices if isinstance(c, str)}
         return sorted(k for k in environ if k.upper().startswith(prefix) and k.upper() not in known)
+
+    @field_validator("redis_sentinels")
+    @classmethod
+    def _check_sentinels(cls, value: str) -> str:
+        for item in (part.strip() for part in value.split(",")):
+            host, sep, port = item.rpartition(":")
+            if item and (not sep or not host or not port.isdigit()):
+                raise ValueError(f"a Sentinel address is host:port, got {item!r}")
+        return value
 
     @model_validator(mode="after")
     def _check_tuning(self) -> Self:

@@ -45,6 +45,8 @@ class DebianTool:
 
 
 REDIS_SERVER = DebianTool("redis-server", "redis-server")
+# Sentinel (Redis high availability): the same executable run under this name (infra/local/redis_sentinel.py).
+REDIS_SENTINEL = DebianTool("redis-sentinel", "redis-sentinel")
 CHROMIUM = DebianTool("chromium", "chromium")
 # The security tests list which ports a JVM listens on (tests/security/test_spark_*.py).
 SS = DebianTool("ss", "iproute2")

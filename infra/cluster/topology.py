@@ -3,7 +3,9 @@
 - Kafka: three combined broker+controller KRaft nodes (kafka_cluster.py), replication factor 3 and
   ``min.insync.replicas`` 2 for every topic, internal ones included;
 - Spark standalone: a master and two workers with their own cores and memory (spark_standalone.py);
-- Redis, control and the services' environment as the single-node stack has them (infra/local/stack.py);
+- Redis: a primary, a replica and three Sentinels (infra/local/redis_sentinel.py), every client
+  following failovers and the sink's commits and control's new jobs waiting for the replica (WAIT);
+- control and the services' environment as the single-node stack has them (infra/local/stack.py);
 - two ingest replicas (one group, each its own instance and transactional id), two sink replicas, and
   two processors, each a Spark application on the cluster with its own job ledger and ports and the
   checkpoints on shared storage, so control can move a job from a lost processor to the other.
@@ -28,7 +30,7 @@ from infra.cluster.kafka_cluster import KafkaCluster
 from infra.cluster.spark_standalone import SparkMaster, SparkWorker, spark_conf
 from infra.errors import InfraError
 from infra.local import procs
-from infra.local.stack import StackConfig, redis_server, start_service, token_file, wait_process_ready
+from infra.local.stack import StackConfig, redis_group, start_service, token_file, wait_process_ready
 from infra.paths import RUN_DIR
 
 DEMO_BASE_PORT = 20600
@@ -129,6 +131,8 @@ def stack_config(cfg: ClusterConfig) -> StackConfig:
         controller_port=cfg.port(CONTROLLERS),
         kafka_bootstrap=cfg.bootstrap,
         redis_port=cfg.port(REDIS),
+        redis_replica_ports=(cfg.port(REDIS + 1),),
+        redis_sentinel_ports=tuple(cfg.port(REDIS + 2 + i) for i in range(3)),
         control_port=cfg.port(CONTROL),
         grpc_ports=(cfg.port(CONTROL + 1), processor["grpc"], ingest["grpc"], sink["grpc"]),
         metrics_ports=(ingest["metrics"], processor["metrics"], sink["metrics"]),
@@ -298,10 +302,10 @@ def up(cfg: ClusterConfig, step: Callable[[str], None] = print) -> None:
     step("Kafka and Spark-Kafka jars (from Maven Central once, then cached)")
     kafka_classpath()
     spark_kafka_jars()
-    stack = stack_config(cfg)
-    redis = redis_server(stack)
-    redis.ensure_installed()
-    step(f"Redis on 127.0.0.1:{redis.port}")
+    redis = redis_group(stack_config(cfg))
+    assert redis is not None
+    step(f"Redis: primary and replica on {', '.join(str(s.port) for s in redis.servers())}, Sentinels on "
+         f"{redis.sentinel_list}")  # fmt: skip
     redis.start()
     k = kafka(cfg)
     step(f"Kafka: {cfg.brokers} KRaft nodes (broker+controller each) on {k.bootstrap_servers}")
@@ -339,7 +343,11 @@ def processes(cfg: ClusterConfig) -> list[tuple[str, int | None]]:
     """(name, port it answers on) of every process of the topology, infrastructure first."""
     k, master = kafka(cfg), spark_master(cfg)
     rows: list[tuple[str, int | None]] = [(n.name, n.port) for n in k.nodes]
-    rows += [("redis", cfg.port(REDIS)), (master.name, master.port)]
+    redis = redis_group(stack_config(cfg))
+    assert redis is not None
+    rows += [(s.name, s.port) for s in redis.servers()]
+    rows += [(s.name, s.port) for s in redis.sentinel_processes()]
+    rows += [(master.name, master.port)]
     rows += [(w.name, w.port) for w in spark_workers(cfg)]
     for r in replicas(cfg):
         rows.append((r.process, int(r.ready_url.split(":")[2].split("/")[0])))

@@ -22,9 +22,10 @@ from infra.errors import InfraError
 from infra.paths import ROOT, logs_dir, pids_dir
 
 # Stopped after the services, in this order: Spark once its applications (processors) are gone,
-# Zipkin once the services flushed their last spans, Kafka last. Each group is a name and its
+# Zipkin once the services flushed their last spans, Redis's Sentinels before the nodes they would
+# otherwise fail over, Kafka last. Each group is a name and its
 # numbered replicas (``kafka``, ``kafka-1``...), stopped together.
-INFRA_STOP_ORDER = ("spark-worker", "spark-master", "zipkin", "redis", "kafka")
+INFRA_STOP_ORDER = ("spark-worker", "spark-master", "zipkin", "redis-sentinel", "redis", "kafka")
 
 # Popen objects of children started by this Python process. Keeping them referenced lets us reap them
 # (no zombies that would look alive) and avoids "subprocess is still running" ResourceWarnings.
@@ -234,6 +235,19 @@ def stop_process(name: str, run_dir: Path, timeout_s: float = 20) -> bool:
     return True
 
 
+def kill_process(name: str, run_dir: Path, timeout_s: float = 5) -> bool:
+    """SIGKILL the process (group) at once, as a crash would end it; True if something was running."""
+    pid = pid_of(name, run_dir)
+    if pid is None:
+        _forget(name, run_dir)
+        return False
+    _signal_group(pid, signal.SIGKILL)
+    if not _wait_gone(pid, timeout_s):
+        raise InfraError(f"{name} (pid {pid}) survived SIGKILL; check `ps -o pid,stat,cmd -p {pid}`")
+    _forget(name, run_dir)
+    return True
+
+
 def stop_many(names: Sequence[str], run_dir: Path, timeout_s: float = 20) -> list[str]:
     """Like stop_process for several processes at once: SIGTERM to all, then wait for each (SIGKILL
     after timeout_s). For peers whose shutdown needs each other, such as the nodes of a Kafka quorum.
@@ -288,11 +302,14 @@ def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
     return False
 
 
-def require_free_ports(ports: Sequence[int], owner: str, run_dir: Path, advice: str) -> None:
+def require_free_ports(
+    ports: Sequence[int], owner: str, run_dir: Path, advice: str, host: str = "127.0.0.1"
+) -> None:
     """InfraError naming the first of ``ports`` that something other than ``owner`` of ``run_dir``
-    holds (the caller has checked that its own process is not running); ``advice`` ends the message."""
+    holds on ``host`` (the caller has checked that its own process is not running); ``advice`` ends
+    the message."""
     for port in ports:
-        if port_in_use(port):
+        if port_in_use(port, host):
             raise InfraError(
                 f"port {port} is already in use by another process (not the {owner} of {run_dir}); "
                 f"stop it (see `ss -ltnp 'sport = :{port}'`) or {advice}"

@@ -1,13 +1,20 @@
-"""A private redis-server (Debian package) run as a detached process on 127.0.0.1.
+"""A private redis-server (Debian package) run as a detached process, alone or as a replica.
 
 Every client authenticates as one of USERS, each allowed only the keys it needs (control: ``sf:*``;
 the sink: ``sf:job:*``), without admin or dangerous commands; ``default`` (everything, with a password)
 is for operators, the demo and the tests. It must keep every permission: Redis 7.0 replays the AOF as
 the default user and drops a MULTI/EXEC block it may not run, losing results on restart. Passwords are
-random per run dir; ``url(user)`` gives a client its URL. Our server never reads /etc/redis/redis.conf.
+random per auth dir; ``url(user)`` gives a client its URL. Our server never reads /etc/redis/redis.conf.
 
-Layout under run_dir:  redis/ (AOF data), redis-auth/ (users.json: generated passwords, users.acl:
-the ACL file), logs/redis.log (server log), logs/redis.out (stdout), pids/redis.pid.
+For high availability (redis_sentinel.py) every node of a group shares one auth dir (the same users
+and passwords), replicates as ``replication`` (``masteruser``: only the replication handshake) and is
+managed by Sentinel as ``sentinel``. A node's role lives in its own config file, written on its first
+start (``replicaof`` for a replica) and rewritten by Redis when Sentinel promotes or demotes it
+(CONFIG REWRITE), so a restarted node keeps the role Sentinel gave it last.
+
+Layout under run_dir (``name`` is ``redis`` unless given):  <name>/ (AOF data, redis.conf: the role
+and replication credentials, 0600), redis-auth/ (users.json: generated passwords, users.acl: the ACL
+file), logs/<name>.log (server log), logs/<name>.out (stdout), pids/<name>.pid.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import secrets
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from infra.artifacts.apt import REDIS_SERVER
@@ -34,6 +41,12 @@ USERS: dict[str, str] = {
     "default": "~* &* +@all",
     "control": "~sf:* resetchannels +@all -@admin -@dangerous",
     "sink": "~sf:job:* resetchannels +@all -@admin -@dangerous +function|load",
+    # A replica's link to its primary: the replication handshake and stream, no key and no channel.
+    "replication": "resetkeys resetchannels -@all +psync +replconf +ping",
+    # Sentinel's link to every node: what it monitors with (INFO, ROLE, hello channel) and what a
+    # failover sends (REPLICAOF inside MULTI, CONFIG REWRITE, CLIENT KILL), as Redis documents it.
+    "sentinel": "resetkeys resetchannels &__sentinel__:hello -@all +multi +exec +slaveof +ping +info "
+    "+role +subscribe +publish +config|rewrite +client|setname +client|kill +script|kill",
 }
 
 Log = Callable[[str], None]
@@ -41,6 +54,27 @@ Log = Callable[[str], None]
 
 def _stderr_log(msg: str) -> None:
     print(f"[infra.redis] {msg}", file=sys.stderr)
+
+
+def write_private(path: Path, text: str) -> None:
+    """``text`` into ``path``, readable by its owner only (it holds passwords)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
+def kept_passwords(path: Path, users: Iterable[str]) -> dict[str, str]:
+    """A password per user, generated on first use and kept in ``path`` (0600) from then on."""
+    wanted = set(users)
+    try:
+        known = json.loads(path.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if set(known) != wanted:
+        known = {user: known.get(user) or secrets.token_urlsafe(24) for user in sorted(wanted)}
+        write_private(path, json.dumps(known))
+    return dict(known)
 
 
 def ensure_installed(log: Log = _stderr_log) -> str:
@@ -61,56 +95,79 @@ def ensure_installed(log: Log = _stderr_log) -> str:
 
 
 class RedisServer:
-    """redis-server on 127.0.0.1:port with AOF persistence under run_dir. up() is idempotent."""
+    """redis-server on host:port with AOF persistence; ``replica_of`` (host, port) makes it a replica on
+    its first start. up() is idempotent. Every address, port and directory is a parameter, so the nodes
+    of a group may run on different hosts (each with its own run dir, all with the same auth dir)."""
 
-    def __init__(self, run_dir: Path, port: int = 6379) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        port: int = 6379,
+        *,
+        host: str = "127.0.0.1",
+        name: str = NAME,
+        data_dir: Path | None = None,
+        auth_dir: Path | None = None,
+        replica_of: tuple[str, int] | None = None,
+    ) -> None:
         self.run_dir = run_dir
         self.port = port
-        self.data_dir = run_dir / "redis"
-        self.server_log = logs_dir(run_dir) / "redis.log"
-        self.log_path = logs_dir(run_dir) / "redis.out"
+        self.host = host
+        self.name = name
+        self.data_dir = data_dir or run_dir / name
+        self.auth_dir = auth_dir or run_dir / "redis-auth"
+        self.replica_of = replica_of
+        self.server_log = logs_dir(run_dir) / f"{name}.log"
+        self.log_path = logs_dir(run_dir) / f"{name}.out"
 
     @property
-    def auth_dir(self) -> Path:
-        return self.run_dir / "redis-auth"
+    def config_path(self) -> Path:
+        """The node's own config: its role (rewritten by Redis when Sentinel changes it) and the
+        credentials it replicates with."""
+        return self.data_dir / "redis.conf"
 
     def passwords(self) -> dict[str, str]:
-        """Every user's password, generated on first use and kept (0600) for the run dir's life."""
-        path = self.auth_dir / "users.json"
-        try:
-            known = json.loads(path.read_text())
-        except (OSError, ValueError):
-            known = {}
-        if set(known) != set(USERS):
-            known = {user: known.get(user) or secrets.token_urlsafe(24) for user in USERS}
-            self.auth_dir.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as f:
-                json.dump(known, f)
-        return dict(known)
+        """Every user's password, generated on first use and kept (0600) for the auth dir's life."""
+        return kept_passwords(self.auth_dir / "users.json", USERS)
 
     def url(self, user: str = "default") -> str:
         """The URL a client of ``user`` connects with (credentials in it)."""
-        return f"redis://{user}:{self.passwords()[user]}@127.0.0.1:{self.port}/0"
+        return f"redis://{user}:{self.passwords()[user]}@{self.host}:{self.port}/0"
 
     def _write_acl(self) -> Path:
         passwords = self.passwords()
         lines = [f"user {u} reset on >{passwords[u]} {rules}" for u, rules in USERS.items()]
         path = self.auth_dir / "users.acl"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write("\n".join(lines) + "\n")
+        write_private(path, "\n".join(lines) + "\n")
         return path
+
+    def _write_config(self) -> None:
+        """On the first start only: later the file holds the role Sentinel last gave the node."""
+        if self.config_path.exists():
+            return
+        lines = [
+            "# The node's role and replication credentials; Redis rewrites it (CONFIG REWRITE) when",
+            "# Sentinel promotes or demotes the node. Everything else is on the command line.",
+            "masteruser replication",
+            f"masterauth {self.passwords()['replication']}",
+        ]
+        if self.replica_of is not None:
+            lines.append(f"replicaof {self.replica_of[0]} {self.replica_of[1]}")
+        write_private(self.config_path, "\n".join(lines) + "\n")
 
     @property
     def pid(self) -> int | None:
-        return procs.pid_of(NAME, self.run_dir)
+        return procs.pid_of(self.name, self.run_dir)
 
-    def argv(self, binary: str) -> list[str]:
+    def argv(self, binary: str, follow: tuple[str, int] | None = None) -> list[str]:
+        """``follow``: start as a replica of that primary, whatever the config file says."""
+        role = ["--replicaof", follow[0], str(follow[1])] if follow is not None else []
         return [
             binary,
+            str(self.config_path),
+            *role,
             "--port", str(self.port),
-            "--bind", "127.0.0.1",
+            "--bind", self.host,
             "--protected-mode", "yes",
             "--dir", str(self.data_dir),
             "--daemonize", "no",  # we manage the process (pid file, signals) ourselves
@@ -122,21 +179,27 @@ class RedisServer:
             "--aclfile", str(self.auth_dir / "users.acl"),
         ]  # fmt: skip
 
-    def start(self, log: Log = _stderr_log) -> int:
-        """Start redis-server (or return the pid of ours if already running). Does not wait."""
+    def start(self, log: Log = _stderr_log, follow: tuple[str, int] | None = None) -> int:
+        """Start redis-server (or return the pid of ours if already running). Does not wait.
+
+        ``follow``: the primary a node of a group must replicate (the one Sentinel names now), so a
+        restarted former primary never serves as a second primary until Sentinel demotes it."""
         pid = self.pid
         if pid is not None:
             return pid
         advice = "choose another Redis port"
         if self.port == DEBIAN_DEFAULT_PORT:
             advice += " (a system service? `service redis-server stop`)"
-        procs.require_free_ports([self.port], "redis", self.run_dir, advice)
+        procs.require_free_ports([self.port], self.name, self.run_dir, advice, host=self.host)
         binary = self.ensure_installed(log)
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        # Redis rewrites its config file (masterauth in it) with the default mode: the directory hides it.
+        self.data_dir.chmod(0o700)
         self.server_log.parent.mkdir(parents=True, exist_ok=True)
         self._write_acl()
+        self._write_config()
         return procs.start_process(
-            NAME, self.argv(binary), self.run_dir, log_path=self.log_path, port=self.port
+            self.name, self.argv(binary, follow), self.run_dir, log_path=self.log_path, port=self.port
         )
 
     def ensure_installed(self, log: Log = _stderr_log) -> str:
@@ -144,13 +207,27 @@ class RedisServer:
         return ensure_installed(log)
 
     def is_healthy(self, timeout_s: float = 1.0) -> bool:
+        """It answers, and a replica has finished its first sync with its primary."""
         import redis
 
         client = redis.Redis.from_url(self.url(), socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
         try:
-            return bool(client.ping())
+            info = client.info("replication")
+            return info.get("role") == "master" or info.get("master_link_status") == "up"
         except redis.RedisError:
             return False
+        finally:
+            client.close()
+
+    def role(self, timeout_s: float = 1.0) -> str:
+        """``master``, ``slave``, or ``down`` when it does not answer."""
+        import redis
+
+        client = redis.Redis.from_url(self.url(), socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+        try:
+            return str(client.info("replication").get("role", "down"))
+        except redis.RedisError:
+            return "down"
         finally:
             client.close()
 
@@ -163,7 +240,7 @@ class RedisServer:
         procs.wait_for(
             self.is_healthy,
             timeout_s,
-            f"Redis on 127.0.0.1:{self.port}",
+            f"Redis {self.name} on {self.host}:{self.port}",
             self.server_log,
             pid=pid,
             interval_s=0.2,
@@ -176,4 +253,8 @@ class RedisServer:
 
     def stop(self, timeout_s: float = 20) -> bool:
         """SIGTERM (Redis flushes the AOF and exits), SIGKILL after timeout_s. True if it was running."""
-        return procs.stop_process(NAME, self.run_dir, timeout_s)
+        return procs.stop_process(self.name, self.run_dir, timeout_s)
+
+    def kill(self) -> bool:
+        """SIGKILL (no AOF flush, no goodbye to replicas or Sentinel): a crash. True if it was running."""
+        return procs.kill_process(self.name, self.run_dir)

@@ -19,6 +19,7 @@ from infra.artifacts.fetch import spark_kafka_jars
 from infra.errors import InfraError
 from infra.local import procs
 from infra.local.kafka_broker import DEFAULT_HEAP, KafkaBroker
+from infra.local.redis_sentinel import RedisHA
 from infra.local.redis_server import RedisServer
 from infra.local.zipkin import SPANS_PATH as ZIPKIN_SPANS_PATH
 from infra.local.zipkin import ZipkinServer
@@ -54,6 +55,10 @@ class StackConfig:
     # The bootstrap list when Kafka is a cluster of its own (infra/cluster/); empty: the stack's one
     # broker on kafka_port.
     kafka_bootstrap: str = ""
+    # Redis with high availability (infra/local/redis_sentinel.py): the replicas' and the Sentinels'
+    # ports, beside the primary on redis_port; empty: one Redis on redis_port.
+    redis_replica_ports: tuple[int, ...] = ()
+    redis_sentinel_ports: tuple[int, ...] = ()
 
     @property
     def bootstrap(self) -> str:
@@ -63,7 +68,8 @@ class StackConfig:
     def redis_url(self) -> str:
         """Redis as its default (all-powerful) user: operators, the demo, the tests; services get
         users of their own."""
-        return redis_server(self).url()
+        group = redis_group(self)
+        return group.url() if group is not None else redis_server(self).url()
 
     @property
     def control_url(self) -> str:
@@ -93,18 +99,34 @@ def redis_server(cfg: StackConfig) -> RedisServer:
     return RedisServer(cfg.run_dir, port=cfg.redis_port)
 
 
+def redis_group(cfg: StackConfig) -> RedisHA | None:
+    """The primary, replicas and Sentinels when the stack has replicas; None for one Redis."""
+    if not cfg.redis_replica_ports:
+        return None
+    return RedisHA(
+        cfg.run_dir,
+        nodes=tuple(("127.0.0.1", p) for p in (cfg.redis_port, *cfg.redis_replica_ports)),
+        sentinels=tuple(("127.0.0.1", p) for p in cfg.redis_sentinel_ports),
+    )
+
+
 def zipkin_server(cfg: StackConfig) -> ZipkinServer:
     return ZipkinServer(cfg.run_dir, port=cfg.zipkin_port)
 
 
 def start_infrastructure(cfg: StackConfig, step: Callable[[str], None] = print) -> None:
     """Redis, the Kafka broker and Zipkin, up and answering (reused when already running)."""
-    r = redis_server(cfg)
-    step("Redis: checking the redis-server package")
-    r.ensure_installed()
-    step(f"Redis: starting on 127.0.0.1:{cfg.redis_port}")
-    r.start()
-    r.wait_ready()
+    group = redis_group(cfg)
+    if group is not None:
+        step(f"Redis: a primary, replicas and Sentinels ({group.sentinel_list})")
+        group.up()
+    else:
+        r = redis_server(cfg)
+        step("Redis: checking the redis-server package")
+        r.ensure_installed()
+        step(f"Redis: starting on 127.0.0.1:{cfg.redis_port}")
+        r.start()
+        r.wait_ready()
     k = broker(cfg)
     step(f"Kafka: starting a KRaft broker on {cfg.bootstrap}")
     k.start()
@@ -190,16 +212,23 @@ def start_service(
     of several replicas (``ingest-2``), default the service's name."""
     if name not in SERVICES:
         raise InfraError(f"unknown service {name!r}; the services are {', '.join(SERVICES)}")
-    # Each service connects to Redis as its own user, or with no credentials when it needs none.
-    users = {"control": "control", "sink": "sink"}
-    redis_url = (
-        redis_server(cfg).url(users[name]) if name in users else f"redis://127.0.0.1:{cfg.redis_port}/0"
-    )
-    env = {**service_env(cfg), "SF_REDIS_URL": redis_url, **(extra_env or {})}
+    env = {**service_env(cfg), **redis_env(cfg, name), **(extra_env or {})}
     ensure_pki(cfg.pki_dir)  # certificates that are missing or about to expire; the rest stay
     return procs.start_process(
         process or name, [sys.executable, "-m", f"services.{name}"], cfg.run_dir, env=env, cwd=ROOT
     )
+
+
+def redis_env(cfg: StackConfig, service: str) -> dict[str, str]:
+    """How ``service`` reaches Redis: as its own user (through the Sentinels when the stack has
+    replicas), or with no credentials when it needs none."""
+    users = {"control": "control", "sink": "sink"}
+    if service not in users:
+        return {"SF_REDIS_URL": f"redis://127.0.0.1:{cfg.redis_port}/0"}
+    group = redis_group(cfg)
+    if group is not None:
+        return group.client_env(users[service])
+    return {"SF_REDIS_URL": redis_server(cfg).url(users[service])}
 
 
 STANDBY_PROCESSOR = "processor-standby"

@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import threading
 
-import redis
 from opentelemetry import trace
 
 from services.control.grpc_server import ControlGrpcServer
@@ -18,6 +17,7 @@ from services.control.peers import Peers
 from services.control.settings import ControlSettings
 from services.control.store import InstanceStore, JobStore
 from shared.clock import Clock, wall_clock_ms
+from shared.redis_client import redis_client
 from shared.tls import TlsIdentity
 from shared.tracing import grpc_client_interceptor, grpc_server_interceptor
 
@@ -33,8 +33,9 @@ class ControlPlane:
         tls: TlsIdentity | None = None,
     ) -> None:
         self.settings = settings
-        self.redis = redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
-        self.jobs = JobStore(self.redis)
+        # Calls that meet a failover of the Redis primary are retried until Sentinel names the new one.
+        self.redis = redis_client(settings, timeout_s=settings.tuning.redis_timeout_ms / 1000)
+        self.jobs = JobStore(self.redis, settings.redis_wait_replicas, settings.tuning.redis_wait_timeout_ms)
         self.instances = InstanceStore(self.redis)
         # With a tracer, commands carry the API request's trace to the instances, and the Registry's
         # calls are spans of the instances' traces.

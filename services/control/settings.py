@@ -48,6 +48,10 @@ class ControlTuning:
     health_probe_interval_ms: Annotated[int, Field(ge=100)] = 5_000
     # How long POST /jobs, cancel and savepoint wait for the processor before answering 202.
     request_wait_ms: Annotated[int, Field(ge=0)] = 30_000
+    # A Redis call that takes longer failed (then it is retried, as during a failover of the primary).
+    redis_timeout_ms: Annotated[int, Field(ge=10)] = 5_000
+    # How long storing a new job waits for the replicas (WAIT) before POST /jobs answers 503.
+    redis_wait_timeout_ms: Annotated[int, Field(ge=1)] = 2_000
 
 
 class ControlSettings(BaseServiceSettings):

@@ -2,7 +2,9 @@
 
 Everything control knows lives here, so a restarted control loses no job and no state. Each record is
 one JSON value; updates are optimistic transactions (WATCH/MULTI) so the API threads, the gRPC
-threads and the supervisor never overwrite each other's changes.
+threads and the supervisor never overwrite each other's changes. A new job is stored durably when
+``wait_replicas`` is set: its transaction is followed by WAIT, so the job a client was told about
+(201) survives a failover of the Redis primary.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from services.control.errors import JobConflict, StoreUnavailable
 from shared import constants
 from shared.jobspec import JobSpec, spec_from_json
 from shared.jobstate import JobState
+from shared.redis_client import DurableTransaction, NotReplicated
 
 HISTORY_LIMIT = 50
 
@@ -175,20 +178,27 @@ class _Records(Generic[R]):
 
 
 class JobStore:
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: redis.Redis, wait_replicas: int = 0, wait_timeout_ms: int = 1_000) -> None:
         self.client = client
+        self.wait_replicas = wait_replicas
+        self.wait_timeout_ms = wait_timeout_ms
         self._records: _Records[JobRecord] = _Records(client, JobRecord, constants.redis_control_job_key)
 
     def create(self, job: JobRecord) -> JobRecord:
-        """Store a new job; an existing job with that id is replaced only once it is final."""
+        """Store a new job; an existing job with that id is replaced only once it is final.
+
+        With ``wait_replicas`` it returns once that many replicas have the job too; StoreUnavailable
+        when they did not acknowledge it in time (the primary may still hold it)."""
         key = constants.redis_control_job_key(job.id)
         try:
-            with self.client.pipeline() as pipe:
+            with DurableTransaction(self.client, self.wait_replicas, self.wait_timeout_ms) as pipe:
                 while True:
                     try:
                         pipe.watch(key)
                         existing = self._records._load(pipe.get(key))
-                        if existing is not None and not existing.state.is_final:
+                        # Our own write, applied before a retried call (its connection broke after EXEC).
+                        ours = existing is not None and existing.model_dump_json() == job.model_dump_json()
+                        if existing is not None and not existing.state.is_final and not ours:
                             pipe.unwatch()
                             raise JobConflict(
                                 f"job {job.id!r} already exists and is {existing.state}; cancel it "
@@ -201,6 +211,8 @@ class JobStore:
                         return job
                     except redis.WatchError:
                         continue
+        except NotReplicated as e:
+            raise StoreUnavailable(f"job {job.id!r} is not yet on a Redis replica ({e}); try again") from e
         except redis.RedisError as e:
             raise StoreUnavailable(f"the job store (Redis) is unavailable: {e}") from e
 

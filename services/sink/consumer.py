@@ -6,6 +6,11 @@ commit and Redis's version check makes the replay a no-op. With ``write_when_cau
 took all there was is written at once (offsets still committed per interval). While Redis fails,
 consumption is paused (the group membership kept) and the write retried with backoff. Partitions
 revoked are written and committed first; if Redis is down then, their updates are left to the next owner.
+
+With ``SF_REDIS_WAIT_REPLICAS`` a commit also waits until that many replicas acknowledged the writes
+it covers (WAIT), so a failover cannot lose a window whose offsets are committed. When WAIT falls short
+the offsets stay uncommitted and the written windows are kept to be sent again; writes go on (results
+stay fresh) until the kept windows outgrow their budget, then consumption pauses.
 """
 
 from __future__ import annotations
@@ -19,8 +24,6 @@ from collections.abc import Callable
 import redis
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 from opentelemetry import trace
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from services.sink import metrics as m
 from services.sink.cache import CacheEntry, TopicPartitionKey, entry_size
@@ -43,6 +46,7 @@ from shared.kafka import (
     partition_names,
 )
 from shared.metrics import PROCESSING_LATENCY, RECORDS_PROCESSED
+from shared.redis_client import NotReplicated, redis_client, wait_for_replicas
 from shared.settings import redacted_url
 from shared.tracing import sampled_traceparent
 
@@ -66,19 +70,26 @@ class Sink:
         self._stop = threading.Event()
         self._consumer: Consumer | None = None
         self._dead_letters = DeadLetters()
-        timeout_s = settings.tuning.redis_socket_timeout_ms / 1000
-        client = redis.Redis.from_url(
-            settings.redis_url,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
+        client = redis_client(
+            settings,
+            timeout_s=settings.tuning.redis_socket_timeout_ms / 1000,
             # Our own loop retries (with backoff and paused consumption); the client must not hide outages.
-            retry=Retry(NoBackoff(), 0),
+            retries=0,
+            on_connect=lambda: self._flusher.reconnected(),
+            # One connection: WAIT covers the writes made on the connection it is sent on.
+            max_connections=1,
         )
         writer = ResultWriter(client, settings.window_ttl_ms)
         self._fences = SinkFences(client)
         self._flusher = CacheFlusher(
-            writer, settings.cache_max_bytes_buffering, self._tracer, self._dead_letters.refused
+            writer,
+            settings.cache_max_bytes_buffering,
+            self._tracer,
+            self._dead_letters.refused,
+            keep_unreplicated=settings.redis_wait_replicas > 0,
         )
+        self._wait_retry_at = 0.0
+        self._wait_backoff_ms = settings.tuning.redis_retry_initial_backoff_ms
         # Offset to commit per partition: one past the last record read since the last commit.
         self._positions: dict[TopicPartitionKey, int] = {}
         self._last_commit = clock()
@@ -244,7 +255,7 @@ class Sink:
         except redis.RedisError as e:
             self._on_redis_failure(e)
             return len(records)
-        if self._paused:
+        if self._paused and not self._over_unreplicated_budget():
             self._resume()
         elapsed = time.perf_counter() - started
         for job in jobs:
@@ -333,6 +344,8 @@ class Sink:
         self._last_commit = self._clock()
         if not self._positions:
             return
+        if not self._replicated():
+            return
         # Dead letters must be in Kafka before the offsets of their records are committed.
         undelivered = self._dead_letters.flush(DLQ_FLUSH_TIMEOUT_S)
         self._dead_letters.check()
@@ -347,6 +360,44 @@ class Sink:
             log.warning("offset commit failed (%s); retried at the next commit", e)
             return
         self._positions.clear()
+
+    # --- replication (WAIT) ----------------------------------------------------------------------
+    def _replicated(self) -> bool:
+        """True once SF_REDIS_WAIT_REPLICAS replicas acknowledged every write so far (at once when
+        it is 0). Raises NotReplicated when they have not and the kept writes are over budget."""
+        wanted = self.settings.redis_wait_replicas
+        if wanted == 0:
+            return True
+        # A reconnection since the last resend: earlier writes may be missing on this primary.
+        if not self._flusher.resend and self._clock() >= self._wait_retry_at:
+            timeout_ms = self.settings.tuning.redis_wait_timeout_ms
+            acknowledged = wait_for_replicas(self._flusher.writer.client, wanted, timeout_ms)
+            if acknowledged >= wanted and not self._flusher.resend:
+                self._flusher.replicated()
+                self._wait_backoff_ms = self.settings.tuning.redis_retry_initial_backoff_ms
+                return True
+            m.REPLICATION_SHORT.inc()
+            log.warning(
+                "%d of %d replica(s) acknowledged the writes within %d ms: offsets not committed, "
+                "%d written window(s) kept to send again",
+                acknowledged,
+                wanted,
+                timeout_ms,
+                len(self._flusher.unreplicated),
+            )
+            self._flusher.resend = True
+            self._wait_retry_at = self._clock() + self._wait_backoff_ms / 1000
+            cap_ms = self.settings.tuning.redis_retry_max_backoff_ms
+            self._wait_backoff_ms = min(2 * self._wait_backoff_ms, cap_ms)
+        if self._over_unreplicated_budget():
+            raise NotReplicated(
+                f"{self._flusher.unreplicated_bytes} bytes of written windows wait for a replica's "
+                "acknowledgement; consumption paused until one has them"
+            )
+        return False
+
+    def _over_unreplicated_budget(self) -> bool:
+        return self._flusher.unreplicated_bytes > self.settings.tuning.unreplicated_max_bytes
 
     # --- Redis outages --------------------------------------------------------------------------
     def _next_backoff_s(self) -> float:

@@ -35,3 +35,11 @@ DROPPED_ON_REVOKE = Counter(
     "sink_revoked_uncommitted_updates_total",
     "Unwritten updates of revoked partitions left for the partitions' next owner to replay",
 )
+UNREPLICATED_WINDOWS = Gauge(
+    "sink_unreplicated_windows",
+    "Windows written to the Redis primary that no replica has acknowledged yet (WAIT)",
+)
+REPLICATION_SHORT = Counter(
+    "sink_replication_short_total",
+    "WAITs that fewer replicas than SF_REDIS_WAIT_REPLICAS acknowledged in time (offsets not committed)",
+)

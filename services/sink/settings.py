@@ -37,6 +37,13 @@ class SinkTuning:
     redis_retry_max_backoff_ms: Annotated[int, Field(ge=10)] = 5_000
     # A Redis call that takes longer counts as failed (and is retried): a slow Redis pauses consumption.
     redis_socket_timeout_ms: Annotated[int, Field(ge=10)] = 5_000
+    # How long a commit waits for the replicas to acknowledge the writes it covers (WAIT); a replica
+    # in the same data centre acknowledges within milliseconds, so a timeout means it is gone or far
+    # behind: the offsets stay uncommitted and WAIT is asked again after the retry backoff.
+    redis_wait_timeout_ms: Annotated[int, Field(ge=1)] = 1_000
+    # Written but unacknowledged windows kept to send again after a failover; past this budget
+    # consumption pauses until the replicas catch up (writes never outrun what can be replayed).
+    unreplicated_max_bytes: Annotated[int, Field(ge=0)] = 64 * 1024 * 1024
 
 
 class SinkSettings(BaseServiceSettings):

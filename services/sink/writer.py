@@ -177,6 +177,11 @@ class ResultWriter:
         self.chunk = chunk
         self._loaded = False
 
+    def reconnected(self) -> None:
+        """A new connection may reach a new primary: the library is loaded again before the next
+        write (functions replicate, but a replica promoted from an older sync may lack a new body)."""
+        self._loaded = False
+
     def load_function(self) -> None:
         """(Re)load the upsert library; REPLACE makes it idempotent and picks up a changed body."""
         self.client.function_load(_LIBRARY_CODE, replace=True)

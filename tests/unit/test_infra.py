@@ -246,7 +246,8 @@ def test_formatted_storage_is_reused_and_port_change_refused(tmp_path: Path) -> 
 
 def test_redis_argv(tmp_path: Path) -> None:
     argv = RedisServer(tmp_path, port=16379).argv("/usr/bin/redis-server")
-    pairs = dict(zip(argv[1::2], argv[2::2], strict=True))
+    assert argv[1] == str(tmp_path / "redis" / "redis.conf")  # the role, as Redis last rewrote it
+    pairs = dict(zip(argv[2::2], argv[3::2], strict=True))
     assert pairs["--port"] == "16379"
     assert pairs["--bind"] == "127.0.0.1"
     assert pairs["--daemonize"] == "no"
@@ -260,7 +261,8 @@ def test_redis_argv(tmp_path: Path) -> None:
 def test_redis_users_get_generated_passwords_that_are_kept(tmp_path: Path) -> None:
     server = RedisServer(tmp_path, port=16379)
     first = server.passwords()
-    assert set(first) == {"default", "control", "sink"} and len(set(first.values())) == 3
+    assert set(first) == {"default", "control", "sink", "replication", "sentinel"}
+    assert len(set(first.values())) == 5
     assert RedisServer(tmp_path, port=16379).passwords() == first
     assert server.url("sink") == f"redis://sink:{first['sink']}@127.0.0.1:16379/0"
     assert (tmp_path / "redis-auth" / "users.json").stat().st_mode & 0o077 == 0

@@ -6,13 +6,13 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import redis
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse
 
 from services.control.api.auth import AUTH_RESPONSES, require_read
 from services.control.dashboard.data import DashboardSources, collect
 from services.control.dashboard.settings import DashboardSettings
+from shared.redis_client import redis_client
 
 PAGE = Path(__file__).with_name("static") / "index.html"
 
@@ -33,7 +33,7 @@ def sources_of(request: Request) -> DashboardSources:
         s = DashboardSettings()
         sources = DashboardSources(
             metrics_urls=s.metrics_urls,
-            redis=redis.Redis.from_url(s.redis_url, socket_timeout=2, socket_connect_timeout=2),
+            redis=redis_client(s, timeout_s=2),
             aliases=s.aliases,
         )
         state.dashboard_sources = sources
