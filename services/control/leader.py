@@ -130,7 +130,7 @@ class LeaderElection:
             self._thread = None
         with self._lock:
             value = self._value
-        self._step_down("shutting down")
+        self._step_down("shutting down", logging.INFO)
         if value:
             try:
                 self._release(keys=[constants.REDIS_CONTROL_LEADER], args=[value])
@@ -187,11 +187,11 @@ class LeaderElection:
         self._tell(won)
         return True
 
-    def _step_down(self, why: str) -> None:
+    def _step_down(self, why: str, level: int = logging.WARNING) -> None:
         with self._lock:
             term, self._term, self._value, self._valid_until = self._term, 0, "", 0.0
         if term:
-            log.warning("stepping down as control's leader (term %d): %s", term, why)
+            log.log(level, "stepping down as control's leader (term %d): %s", term, why)
             self._tell(0)
 
     def _tell(self, term: int) -> None:
