@@ -59,7 +59,9 @@ _opts = _Options()
 
 @app.callback()
 def main(
-    url: Annotated[str | None, typer.Option(help="control API URL [SF_CLI_URL]")] = None,
+    url: Annotated[
+        str | None, typer.Option(help="control API URL, or a comma-separated list of replicas [SF_CLI_URL]")
+    ] = None,
     token: Annotated[str | None, typer.Option(help="bearer token [SF_CLI_TOKEN]")] = None,
     bootstrap: Annotated[str | None, typer.Option(help="Kafka bootstrap [SF_KAFKA_BOOTSTRAP]")] = None,
 ) -> None:

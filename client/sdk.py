@@ -12,7 +12,7 @@ strings the processor checks with Spark's parser; no Python function is ever shi
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
@@ -21,6 +21,7 @@ import httpx
 import orjson
 import yaml
 
+from shared import constants
 from shared.errors import SpecError, StreamForgeError
 from shared.jobspec import JobSpec, parse_job_spec, spec_to_json
 
@@ -215,21 +216,46 @@ class ClientError(StreamForgeError):
 class Client:
     """The control API over HTTP: submit, jobs, status, cancel, savepoint, resume, results...
 
-    ``http`` may be any httpx.Client (e.g. FastAPI's TestClient); by default one is made for ``url``.
+    ``url`` names one control replica or several (a list, or a comma-separated string): requests go to
+    one, and move to the next when it cannot be reached or answers as a standby (503 with the
+    ``SF-Control-Leader`` header), the named leader first. ``http`` may be any httpx.Client (e.g.
+    FastAPI's TestClient); by default one is made per URL.
     """
 
     def __init__(
         self,
-        url: str = "http://127.0.0.1:8081",
+        url: str | Sequence[str] = "http://127.0.0.1:8081",
         token: str | None = None,
         *,
         timeout_s: float = 60.0,
         http: httpx.Client | None = None,
     ) -> None:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._owned = http is None
-        self.http = http if http is not None else httpx.Client(base_url=url, timeout=timeout_s)
-        self.http.headers.update(headers)
+        self._timeout_s = timeout_s
+        self.urls = [u.strip().rstrip("/") for u in ([url] if isinstance(url, str) else url)]
+        self.urls = [part for u in self.urls for part in (p.strip() for p in u.split(",")) if part]
+        if not self.urls:
+            raise ValueError("Client needs at least one control URL")
+        self._current = 0
+        self._clients: dict[str, httpx.Client] = {}
+        if http is not None:
+            http.headers.update(self._headers)
+            self._clients = {self.urls[0]: http}
+            self.urls = self.urls[:1]
+
+    @property
+    def url(self) -> str:
+        """The control replica requests go to now."""
+        return self.urls[self._current]
+
+    @property
+    def http(self) -> httpx.Client:
+        client = self._clients.get(self.url)
+        if client is None:
+            client = httpx.Client(base_url=self.url, timeout=self._timeout_s, headers=self._headers)
+            self._clients[self.url] = client
+        return client
 
     def __enter__(self) -> Client:
         return self
@@ -241,20 +267,35 @@ class Client:
 
     def close(self) -> None:
         if self._owned:
-            self.http.close()
+            for client in self._clients.values():
+                client.close()
+            self._clients.clear()
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
-        try:
-            resp = self.http.request(method, path, **kwargs)
-        except httpx.HTTPError as e:
-            raise ClientError(0, f"control is unreachable: {e}", method, path) from e
-        if resp.status_code >= 400:
+        for attempt in range(len(self.urls)):
+            last = attempt == len(self.urls) - 1
             try:
-                detail = resp.json().get("detail", resp.text)
-            except ValueError:
-                detail = resp.text
-            raise ClientError(resp.status_code, str(detail), method, path)
-        return resp.json()
+                resp = self.http.request(method, path, **kwargs)
+            except httpx.ConnectError as e:  # never sent: safe to send to another replica
+                if last:
+                    raise ClientError(0, f"control is unreachable: {e}", method, path) from e
+                self._current = (self._current + 1) % len(self.urls)
+                continue
+            except httpx.HTTPError as e:
+                raise ClientError(0, f"control is unreachable: {e}", method, path) from e
+            if resp.status_code == 503 and constants.CONTROL_LEADER_HEADER in resp.headers and not last:
+                leader = resp.headers[constants.CONTROL_LEADER_HEADER].rstrip("/")
+                following = leader in self.urls and leader != self.url
+                self._current = self.urls.index(leader) if following else (self._current + 1) % len(self.urls)
+                continue
+            if resp.status_code >= 400:
+                try:
+                    detail = resp.json().get("detail", resp.text)
+                except ValueError:
+                    detail = resp.text
+                raise ClientError(resp.status_code, str(detail), method, path)
+            return resp.json()
+        raise AssertionError("unreachable")  # the last attempt returns or raises
 
     # --- jobs -------------------------------------------------------------------------------------------
     def submit(

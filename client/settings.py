@@ -11,7 +11,11 @@ class CliSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="SF_CLI_", extra="ignore", populate_by_name=True)
 
-    url: str = Field("http://127.0.0.1:8081", description="the control API (`--url` wins)")
+    url: str = Field(
+        "http://127.0.0.1:8081",
+        description="the control API: one URL, or a comma-separated list of every control replica's "
+        "(requests follow the leader); `--url` wins",
+    )
     token: SecretStr | None = Field(
         None, description="bearer token for the control API (`--token` wins); empty: none"
     )

@@ -180,7 +180,8 @@ def cmd_cluster(args: argparse.Namespace) -> None:
     if args.action == "up":
         token = cfg.run_dir / "control-token"
         console.print(
-            f"control API {cfg.control_url} (bearer token in {token}); Kafka bootstrap {cfg.bootstrap}\n"
+            f"control API {cfg.control_urls} (a leader and a standby: any serves reads, the leader "
+            f"changes; bearer token in {token}); Kafka bootstrap {cfg.bootstrap}\n"
             f'submit a job:  curl -X POST {cfg.control_url}/jobs -H "Authorization: Bearer $(cat {token})" '
             "-H 'Content-Type: application/yaml' --data-binary @services/processor/examples/page_views.yaml\n"
             "stop it all:   make stop  (or python -m infra cluster down)"

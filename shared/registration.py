@@ -1,8 +1,9 @@
 """The client side of control's gRPC Registry: register at start, heartbeat with load, deregister at stop.
 
 Every ingest, processor and sink instance runs one ``Registration`` (``start_registration``). It never
-blocks or fails the service: a daemon thread retries with backoff while control is away and registers
-again when a heartbeat answers ``known=false``; with no ``SF_CONTROL_GRPC_TARGET`` it does nothing. A
+blocks or fails the service: a daemon thread retries with backoff while control is away, follows the
+leader among control's replicas, and registers again when a heartbeat answers ``known=false``; with no
+``SF_CONTROL_GRPC_TARGET`` it does nothing. A
 processor passes ``jobs`` (the ``JobStatus`` of the jobs it runs), from which control updates job states.
 Load (CPU and memory of the process and its children, such as a PySpark JVM, and records/s) is measured
 here (``LoadMeter``).
@@ -16,12 +17,13 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from importlib import metadata
 from pathlib import Path
 
 import grpc
 
+from shared import constants
 from shared.metrics import RECORDS_PROCESSED
 from shared.proto import streamforge_pb2 as pb
 from shared.proto import streamforge_pb2_grpc as pb_grpc
@@ -161,12 +163,22 @@ def _stat_fields(pid: int) -> list[str] | None:
     return raw[raw.rindex(")") + 2 :].split()
 
 
+def control_targets(text: str) -> list[str]:
+    """The control replicas' Registry addresses from a comma-separated list (blanks dropped)."""
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
 class Registration:
-    """Keeps one instance registered with control until stop()."""
+    """Keeps one instance registered with control until stop().
+
+    ``target`` names every control replica (a comma-separated list, or a list); the instance talks to
+    one at a time and moves to another when a call fails: the replica is gone, or it is a standby,
+    which refuses with UNAVAILABLE and the leader's address (``sf-control-leader`` metadata).
+    """
 
     def __init__(
         self,
-        target: str,
+        target: str | Sequence[str],
         service: str,
         *,
         grpc_port: int,
@@ -178,7 +190,8 @@ class Registration:
         max_backoff_s: float = 5.0,
         tls: TlsIdentity | None = None,
     ) -> None:
-        self.target = target
+        self.targets = control_targets(target) if isinstance(target, str) else list(target)
+        self._current = 0
         self.service = service
         self.instance = pb.ServiceInstance(
             instance_id=instance_id or new_instance_id(service),
@@ -197,7 +210,7 @@ class Registration:
         self.heartbeats_sent = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._channel: grpc.Channel | None = None
+        self._channels: dict[str, grpc.Channel] = {}
         self._meter = LoadMeter(service)
 
     @property
@@ -205,13 +218,17 @@ class Registration:
         return self.instance.instance_id
 
     @property
+    def target(self) -> str:
+        """The control replica this instance talks to now ("" when none is configured)."""
+        return self.targets[self._current] if self.targets else ""
+
+    @property
     def enabled(self) -> bool:
-        return bool(self.target)
+        return bool(self.targets)
 
     def start(self) -> Registration:
         if not self.enabled or self._thread is not None:
             return self
-        self._channel = open_channel(self.target, self.tls, expected="control")
         self._thread = threading.Thread(target=self._run, name=f"registration-{self.service}", daemon=True)
         self._thread.start()
         return self
@@ -223,19 +240,37 @@ class Registration:
         self._stop.set()
         self._thread.join(timeout=self.timeout_s + 1)
         self._thread = None
-        if deregister and self.registered.is_set() and self._channel is not None:
-            try:
-                self._stub().Deregister(pb.DeregisterRequest(instance_id=self.instance_id), timeout=2.0)
-            except grpc.RpcError as e:
-                log.info("could not deregister from control at %s: %s", self.target, _describe(e))
+        if deregister and self.registered.is_set():
+            self._deregister()
         self.registered.clear()
-        if self._channel is not None:
-            self._channel.close()
-            self._channel = None
+        for channel in self._channels.values():
+            channel.close()
+        self._channels.clear()
 
-    def _stub(self) -> pb_grpc.RegistryStub:
-        assert self._channel is not None
-        return pb_grpc.RegistryStub(self._channel)
+    def _deregister(self) -> None:
+        """At the leader: the current replica first, then the others (it may have changed)."""
+        order = self.targets[self._current :] + self.targets[: self._current]
+        for target in order:
+            try:
+                self._stub(target).Deregister(pb.DeregisterRequest(instance_id=self.instance_id), timeout=2.0)
+                return
+            except grpc.RpcError as e:
+                log.info("could not deregister from control at %s: %s", target, _describe(e))
+
+    def _stub(self, target: str | None = None) -> pb_grpc.RegistryStub:
+        target = target or self.target
+        channel = self._channels.get(target)
+        if channel is None:
+            channel = self._channels[target] = open_channel(target, self.tls, expected="control")
+        return pb_grpc.RegistryStub(channel)
+
+    def _move_on(self, error: grpc.RpcError) -> None:
+        """After a failed call: go to the replica the refusal names as leader, else to the next one."""
+        leader = _leader_hint(error)
+        if leader in self.targets and leader != self.target:
+            self._current = self.targets.index(leader)
+        else:
+            self._current = (self._current + 1) % len(self.targets)
 
     def _run(self) -> None:
         backoff_s = 0.2
@@ -255,8 +290,12 @@ class Registration:
                 # Say it once at WARNING; a control that stays away should not flood the log.
                 level = logging.WARNING if failures == 1 else logging.DEBUG
                 log.log(level, "control registry at %s: %s (retrying)", self.target, _describe(e))
-                self._stop.wait(backoff_s if not self.registered.is_set() else self.interval_s)
-                backoff_s = min(backoff_s * 2, self.max_backoff_s)
+                self._move_on(e)
+                if failures % len(self.targets) == 0:  # every replica refused: wait, then go round again
+                    # A registered instance keeps its pace, so it reaches a new leader within its grace.
+                    registered = self.registered.is_set()
+                    self._stop.wait(min(backoff_s, self.interval_s) if registered else backoff_s)
+                    backoff_s = min(backoff_s * 2, self.max_backoff_s)
             except Exception:  # a bad jobs() callback must not end registration for good
                 log.exception("registry heartbeat failed")
                 self._stop.wait(self.interval_s)
@@ -296,7 +335,8 @@ def start_registration(
     instance_id: str | None = None,
     tls: TlsIdentity | None = None,
 ) -> Registration:
-    """Register this instance with control (``settings.control_grpc_target``) and keep it registered.
+    """Register this instance with control (``settings.control_grpc_target``: one replica or a
+    comma-separated list) and keep it registered.
 
     Returns at once; with no control target configured the returned Registration does nothing.
     """
@@ -312,6 +352,16 @@ def start_registration(
     if not registration.enabled:
         log.info("SF_CONTROL_GRPC_TARGET is not set: %s does not register with control", service)
     return registration.start()
+
+
+def _leader_hint(error: grpc.RpcError) -> str:
+    """The leader's Registry a standby names in its refusal ("" if none)."""
+    if not isinstance(error, grpc.Call):
+        return ""
+    for key, value in error.trailing_metadata() or ():
+        if key == constants.CONTROL_LEADER_METADATA:
+            return value if isinstance(value, str) else value.decode()
+    return ""
 
 
 def _describe(error: grpc.RpcError) -> str:

@@ -138,7 +138,8 @@ class BaseServiceSettings(BaseSettings):
     control_grpc_target: str = Field(
         "",
         validation_alias=shared_name("control_grpc_target"),
-        description="control's gRPC Registry, where services register and heartbeat (empty: they don't)",
+        description="control's gRPC Registry, where services register and heartbeat: `host:port`, or "
+        "a comma-separated list of every control replica's (they follow the leader); empty: they don't",
     )
     tls_dir: str = Field(
         "",

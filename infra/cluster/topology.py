@@ -5,7 +5,9 @@
 - Spark standalone: a master and two workers with their own cores and memory (spark_standalone.py);
 - Redis: a primary, a replica and three Sentinels (infra/local/redis_sentinel.py), every client
   following failovers and the sink's commits and control's new jobs waiting for the replica (WAIT);
-- control and the services' environment as the single-node stack has them (infra/local/stack.py);
+- the services' environment as the single-node stack has them (infra/local/stack.py);
+- two controls on that Redis, one elected leader and one standby; every service and client lists both
+  and follows the leader;
 - two ingest replicas (one group, each its own instance and transactional id), two sink replicas, and
   two processors, each a Spark application on the cluster with its own job ledger and ports and the
   checkpoints on shared storage, so control can move a job from a lost processor to the other.
@@ -57,6 +59,7 @@ class ClusterConfig:
     ingest_replicas: int = 2
     sink_replicas: int = 2
     processors: int = 2
+    controls: int = 2  # one leads, the others stand by
     control_token: str = ""
     # Extra environment per service ("control", "ingest", "processor", "sink"), e.g. faster heartbeats.
     service_env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
@@ -68,6 +71,7 @@ class ClusterConfig:
             "ingest_replicas": (1, MAX_REPLICAS),
             "sink_replicas": (1, MAX_REPLICAS),
             "processors": (1, MAX_REPLICAS),
+            "controls": (1, MAX_REPLICAS),
         }
         for name, (low, high) in limits.items():
             value = getattr(self, name)
@@ -90,7 +94,20 @@ class ClusterConfig:
 
     @property
     def control_url(self) -> str:
+        """The first control's API (reads: any replica; changes: see control_urls)."""
         return f"http://127.0.0.1:{self.port(CONTROL)}"
+
+    @property
+    def control_urls(self) -> str:
+        """Every control's API, comma-separated (what the SDK and the CLI take)."""
+        ports = [control_ports(self, i)["api"] for i in range(1, self.controls + 1)]
+        return ",".join(f"http://127.0.0.1:{port}" for port in ports)
+
+    @property
+    def control_grpc_targets(self) -> str:
+        """Every control's Registry, comma-separated (SF_CONTROL_GRPC_TARGET of the services)."""
+        ports = [control_ports(self, i)["grpc"] for i in range(1, self.controls + 1)]
+        return ",".join(f"127.0.0.1:{port}" for port in ports)
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -141,6 +158,11 @@ def stack_config(cfg: ClusterConfig) -> StackConfig:
         zipkin_port=cfg.port(99),  # not started: the cluster's services do not trace
         control_token=cfg.control_token,
     )
+
+
+def control_ports(cfg: ClusterConfig, index: int) -> dict[str, int]:
+    base = cfg.port(CONTROL + 2 * (index - 1))
+    return {"api": base, "grpc": base + 1}
 
 
 def ingest_ports(cfg: ClusterConfig, index: int) -> dict[str, int]:
@@ -198,8 +220,13 @@ class Replica:
 
 
 def replicas(cfg: ClusterConfig) -> list[Replica]:
-    """Every service process, control first."""
-    out = [Replica("control", "control", {}, f"{cfg.control_url}/readyz")]
+    """Every service process, the controls first (the first one started leads)."""
+    out = []
+    for i in range(1, cfg.controls + 1):
+        p = control_ports(cfg, i)
+        env = {"SF_CONTROL_PORT": str(p["api"]), "SF_CONTROL_GRPC_PORT": str(p["grpc"])}
+        name = "control" if i == 1 else f"control-{i}"
+        out.append(Replica(name, "control", env, f"http://127.0.0.1:{p['api']}/readyz"))
     app_conf = {
         **spark_conf(cfg.run_dir),
         "spark.executor.memory": cfg.executor_memory,
@@ -255,6 +282,7 @@ def start_replica(cfg: ClusterConfig, r: Replica) -> int:
     env = {
         "SF_DATA_DIR": str(cfg.run_dir / "data"),
         "SF_TRACING_EXPORTER": "none",  # no Zipkin in the cluster
+        "SF_CONTROL_GRPC_TARGET": cfg.control_grpc_targets,
         **r.env,
         **cfg.service_env.get(r.service, {}),
     }
@@ -266,15 +294,19 @@ def wait_replica(cfg: ClusterConfig, r: Replica, timeout_s: float = 240) -> None
 
 
 def registered(cfg: ClusterConfig) -> dict[str, int]:
-    """Alive instances per service, as control's registry sees them ({} while control is away)."""
-    req = urllib.request.Request(
-        f"{cfg.control_url}/services", headers={"Authorization": f"Bearer {cfg.control_token}"}
-    )
-    try:
-        with urllib.request.urlopen(req, timeout=5) as resp:
-            rows = json.load(resp)["services"]
-    except (OSError, ValueError, KeyError):
-        return {}
+    """Alive instances per service, as control's registry sees them (any replica serves it; {} while
+    every control is away)."""
+    rows: list[dict[str, Any]] = []
+    for url in cfg.control_urls.split(","):
+        req = urllib.request.Request(
+            f"{url}/services", headers={"Authorization": f"Bearer {cfg.control_token}"}
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=5) as resp:
+                rows = json.load(resp)["services"]
+            break
+        except (OSError, ValueError, KeyError):
+            continue
     counts: dict[str, int] = {}
     for row in rows:
         if row.get("health") == "alive":

@@ -1,5 +1,6 @@
 """What the parts of the JobManager share: settings, the job and instance stores, the gRPC clients
-of the instances, the clock, and a way to make the supervisor sweep now.
+of the instances, the clock, a way to make the supervisor sweep now, and the leader election (only
+the leader acts).
 
 The manager builds one and hands it down to ``registry``, ``dispatch`` and ``transitions``.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from services.control.leader import LeaderElection
 from services.control.peers import Peers
 from services.control.settings import ControlSettings
 from services.control.store import InstanceStore, JobStore
@@ -23,3 +25,4 @@ class ControlContext:
     peers: Peers
     clock: Clock
     wake: Callable[[], None]  # sweep now rather than at the next interval (something changed)
+    leader: LeaderElection

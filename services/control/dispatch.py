@@ -2,7 +2,8 @@
 stray copies), ApplyStreams to ingest and the sink, grpc.health.v1 probes.
 
 At most one command of a kind per job (or instance) runs at a time, never while holding a lock, in
-the caller's context (an API request's trace goes along). A command's outcome is written through
+the caller's context (an API request's trace goes along), and only while this replica leads: each
+command checks again right before it is sent. A command's outcome is written through
 ``transitions``; an instance's answer to ApplyStreams or a probe goes on its instance record. Failed
 commands are retried by the supervisor after ``retry_backoff_ms``; nothing here sleeps.
 """
@@ -97,7 +98,12 @@ class Dispatcher:
 
     # --- the pool --------------------------------------------------------------------------------------
     def _schedule(self, kind: str, key: str, fn: Callable[..., Any], *args: Any) -> Future[Any]:
-        """Run fn(*args) on the pool unless the same command for the same key is still running."""
+        """Run fn(*args) on the pool unless the same command for the same key is still running (or
+        this replica does not lead)."""
+        if not self.ctx.leader.is_leader():
+            done: Future[Any] = Future()
+            done.set_result(None)
+            return done
         with self._lock:
             running = self._inflight.get((kind, key))
             if running is not None and not running.done():
@@ -153,6 +159,7 @@ class Dispatcher:
                 from_savepoint="" if ever_ran else placed.from_savepoint,
             )
             timeout_s = self.ctx.settings.tuning.command_timeout_ms / 1000
+            self.ctx.leader.check()
             try:
                 status = self.ctx.peers.job_commands(processor.target).StartJob(request, timeout=timeout_s)
             except grpc.RpcError as e:
@@ -238,6 +245,7 @@ class Dispatcher:
                 savepoint=job.savepoint_requested,
                 savepoint_dir=job.savepoint_dir,  # empty: the processor's own default
             )
+            self.ctx.leader.check()
             try:
                 status = self.ctx.peers.job_commands(processor.target).StopJob(
                     request, timeout=self.ctx.settings.tuning.command_timeout_ms / 1000
@@ -279,6 +287,7 @@ class Dispatcher:
             )
 
     def _stop_stray(self, job_id: str, processor: InstanceRecord) -> None:
+        self.ctx.leader.check()
         log.warning(
             "processor %s runs job %s that control placed elsewhere or ended: stopping it",
             processor.instance_id,
@@ -302,6 +311,7 @@ class Dispatcher:
         digest = specs_digest(spec_jsons)
         now = self.ctx.clock()
         error = ""
+        self.ctx.leader.check()
         try:
             self.ctx.peers.stream_config(inst.target).ApplyStreams(
                 pb.ApplyStreamsRequest(job_spec_json=spec_jsons),

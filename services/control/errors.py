@@ -46,3 +46,14 @@ class PathRefused(ControlError):
     """A savepoint path outside the directories control lets callers name."""
 
     http_status = 422
+
+
+class NotLeader(ControlError):
+    """This replica is a standby (or was deposed): changes go to the leader, named if there is one."""
+
+    http_status = 503
+
+    def __init__(self, message: str, leader_api_url: str = "", leader_grpc_target: str = "") -> None:
+        super().__init__(message)
+        self.leader_api_url = leader_api_url
+        self.leader_grpc_target = leader_grpc_target

@@ -3,6 +3,8 @@
 With mutual TLS (shared/tls.py) an instance registers only as the service its certificate names, from
 the address it connects from: control calls it back, and scrapes its metrics, there and nowhere else.
 Heartbeats and deregistrations are accepted only from the service that registered the instance.
+A standby replica refuses every Registry call with UNAVAILABLE, naming the leader's Registry in the
+``sf-control-leader`` trailing metadata (empty while no replica leads).
 """
 
 from __future__ import annotations
@@ -13,14 +15,21 @@ from typing import Any
 
 import grpc
 
-from services.control.errors import ControlError, StoreUnavailable
+from services.control.errors import ControlError, NotLeader, StoreUnavailable
 from services.control.registry import Registry
+from shared import constants
 from shared.grpc_server import GrpcServices, HealthServedGrpcServer
 from shared.proto import streamforge_pb2 as pb
 from shared.proto import streamforge_pb2_grpc as pb_grpc
 from shared.tls import REGISTRY_SERVICE, TlsIdentity, authorizing_interceptor, caller_identity
 
 log = logging.getLogger(__name__)
+
+
+def refuse_not_leader(context: grpc.ServicerContext, error: NotLeader) -> None:
+    """Abort the call as a standby: UNAVAILABLE, and where the leader is (as etcd's followers do)."""
+    context.set_trailing_metadata(((constants.CONTROL_LEADER_METADATA, error.leader_grpc_target),))
+    context.abort(grpc.StatusCode.UNAVAILABLE, str(error))
 
 
 def peer_host(context: grpc.ServicerContext) -> str | None:
@@ -52,6 +61,8 @@ class RegistryServicer(pb_grpc.RegistryServicer):
             instance.host = peer_host(context) or instance.host
         try:
             interval_ms = self.registry.register(instance)
+        except NotLeader as e:
+            refuse_not_leader(context, e)
         except StoreUnavailable as e:
             context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
         except ControlError as e:
@@ -62,6 +73,8 @@ class RegistryServicer(pb_grpc.RegistryServicer):
         self._check_owner(request.instance_id, context)
         try:
             known = self.registry.heartbeat(request)
+        except NotLeader as e:
+            refuse_not_leader(context, e)
         except StoreUnavailable as e:
             context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
         return pb.HeartbeatResponse(known=known)
@@ -72,6 +85,8 @@ class RegistryServicer(pb_grpc.RegistryServicer):
         self._check_owner(request.instance_id, context)
         try:
             self.registry.deregister(request.instance_id)
+        except NotLeader as e:
+            refuse_not_leader(context, e)
         except StoreUnavailable as e:
             context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
         return pb.DeregisterResponse()

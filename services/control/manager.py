@@ -1,8 +1,9 @@
 """The JobManager: the job commands the REST API calls, and the supervisor that keeps jobs in line.
 
 Control is level-triggered: the job store says what should run, heartbeats say what does, and each
-sweep of the supervisor closes the gap (lost instances, jobs to start or stop, specs to push). The
-parts, each calling only the ones below it:
+sweep of the supervisor closes the gap (lost instances, jobs to start or stop, specs to push). Only
+the leader among control's replicas sweeps and takes commands (``leader``). The parts, each calling
+only the ones below it:
 
     manager      REST commands (submit, get, cancel, savepoint) and the supervisor's sweep
     registry     instances: register, heartbeat, deregister, lost; processors' job reports
@@ -20,7 +21,8 @@ from typing import Any
 from services.control.context import ControlContext
 from services.control.dispatch import Dispatcher, active_specs, specs_digest, wait
 from services.control.errors import ControlError, JobConflict, JobNotFound, PathRefused, SpecRejected
-from services.control.metrics import CONTROL_INSTANCES, CONTROL_JOBS
+from services.control.leader import LeaderElection
+from services.control.metrics import CONTROL_INSTANCES, CONTROL_JOBS, CONTROL_LEADER
 from services.control.peers import Peers
 from services.control.registry import SERVICES, Registry
 from services.control.settings import ControlSettings
@@ -42,20 +44,33 @@ class JobManager:
         jobs: JobStore,
         instances: InstanceStore,
         peers: Peers,
+        leader: LeaderElection,
         clock: Clock = wall_clock_ms,
     ) -> None:
         self.settings = settings
         self.jobs = jobs
         self.instances = instances
+        self.peers = peers
+        self.leader = leader
         self.clock = clock
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_probe_ms = 0
-        ctx = ControlContext(settings, jobs, instances, peers, clock, self.wake)
+        ctx = ControlContext(settings, jobs, instances, peers, clock, self.wake, leader)
         self.transitions = Transitions(ctx)
         self.dispatch = Dispatcher(ctx, self.transitions)
         self.registry = Registry(ctx, self.transitions, self.dispatch)
+        leader.on_change(self._leadership_changed)
+
+    def _leadership_changed(self, term: int) -> None:
+        CONTROL_LEADER.set(1 if term else 0)
+        if term:
+            self.registry.lead()  # instances heartbeated to the previous leader: give them time
+            self.wake()
+        else:
+            # Connection watches would recheck processors and mark them lost: the leader's work now.
+            self.peers.close()
 
     # --- lifecycle of the manager itself ---------------------------------------------------------------
     def start(self) -> None:
@@ -78,6 +93,9 @@ class JobManager:
         failing = False
         while not self._stopping.is_set():
             self._wake.clear()  # a wake() during the sweep below makes the next one come at once
+            if not self.leader.is_leader():
+                self._wake.wait(interval_s)
+                continue
             try:
                 self.sweep()
                 if failing:
@@ -103,6 +121,7 @@ class JobManager:
         self, spec: JobSpec, from_savepoint: str = "", wait_s: float = 0.0, *, trusted_savepoint: bool = False
     ) -> JobRecord:
         """Store the job (CREATED) and start it; ``trusted_savepoint``: the path came from a processor."""
+        self.leader.check()
         if not trusted_savepoint:
             self.check_savepoint_path(from_savepoint, "from_savepoint")
         if spec.id.startswith(constants.WARMUP_JOB_PREFIX):
@@ -135,6 +154,7 @@ class JobManager:
         return job
 
     def cancel(self, job_id: str, wait_s: float = 0.0) -> JobRecord:
+        self.leader.check()
         job = self.transitions.request_cancel(job_id, self.instances.alive_ids())
         if job.state == JobState.CANCELLING:
             wait(self.dispatch.stop_job(job_id), wait_s)
@@ -143,6 +163,7 @@ class JobManager:
 
     def savepoint(self, job_id: str, directory: str = "", wait_s: float = 0.0) -> JobRecord:
         """Stop the job at a batch boundary with a savepoint; it ends FINISHED with savepoint_path."""
+        self.leader.check()
         self.check_savepoint_path(directory, "directory")
         self.transitions.request_savepoint(job_id, directory)
         wait(self.dispatch.stop_job(job_id), wait_s)

@@ -13,3 +13,4 @@ CONTROL_COMMANDS = Counter("control_commands_total", "gRPC commands control sent
 CONTROL_HEARTBEATS = Counter(
     "control_heartbeats_total", "Heartbeats received; unknown ones are told to register", ["result"]
 )
+CONTROL_LEADER = Gauge("control_leader", "1 while this replica leads control, 0 as a standby")

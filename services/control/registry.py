@@ -40,9 +40,15 @@ class Registry:
         # Instances were heartbeating to a previous control: give them a full timeout to find us.
         self.started_ms = ctx.clock()
 
+    def lead(self) -> None:
+        """This replica took the lead: count silence from now, since the instances were heartbeating
+        to the previous leader and have to find this one."""
+        self.started_ms = self.ctx.clock()
+
     # --- called by the gRPC Registry servicer ----------------------------------------------------------
     def register(self, instance: pb.ServiceInstance) -> int:
         """Record the instance (alive); returns the heartbeat interval it is to keep."""
+        self.ctx.leader.check()
         if not instance.instance_id:
             raise ControlError("instance_id is empty: every instance needs a unique id")
         if instance.service not in SERVICES:
@@ -77,6 +83,7 @@ class Registry:
 
     def heartbeat(self, request: pb.HeartbeatRequest) -> bool:
         """Record a heartbeat; False when the instance must register (again) first."""
+        self.ctx.leader.check()
         now = self.ctx.clock()
         load = {f.name: float(getattr(request.load, f.name)) for f in request.load.DESCRIPTOR.fields}
         reported = list(request.jobs)
@@ -113,6 +120,7 @@ class Registry:
         self.ctx.peers.watch(record.target, "processor", recheck)
 
     def deregister(self, instance_id: str) -> None:
+        self.ctx.leader.check()
         record = self.ctx.instances.get(instance_id)
         if record is None:
             return

@@ -7,6 +7,7 @@ Auth is secure by default: with no tokens every mutating endpoint answers 401 an
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -52,6 +53,15 @@ class ControlTuning:
     redis_timeout_ms: Annotated[int, Field(ge=10)] = 5_000
     # How long storing a new job waits for the replicas (WAIT) before POST /jobs answers 503.
     redis_wait_timeout_ms: Annotated[int, Field(ge=1)] = 2_000
+    # The leader's lease lives this long past its last renewal: a standby takes over this long after
+    # the leader dies, so it stays well inside the time results may go stale.
+    leader_lease_ttl_ms: Annotated[int, Field(ge=300)] = 4_000
+    # A leader acts only this long after its last successful renewal began; shorter than the TTL so a
+    # paused or cut-off leader has stopped before its lease can pass to a standby, clock drift included.
+    leader_renew_deadline_ms: Annotated[int, Field(ge=200)] = 2_500
+    # Renewals (and a standby's attempts to take the lease) come this often: several per deadline, so
+    # one slow Redis round trip does not depose the leader.
+    leader_retry_ms: Annotated[int, Field(ge=50)] = 500
 
 
 class ControlSettings(BaseServiceSettings):
@@ -84,6 +94,12 @@ class ControlSettings(BaseServiceSettings):
         "there); empty: `<data_dir>/savepoints`",
     )
     max_spec_bytes: int = Field(1_048_576, ge=1_024, description="the largest job spec POST /jobs accepts")
+    advertised_host: str = Field(
+        "",
+        description="the address services and clients reach this replica at; a standby names the "
+        "leader's when it refuses a change (empty: `bind_host`, or this machine's name when that is "
+        "`0.0.0.0`)",
+    )
     tuning_overrides: dict[str, Any] = tuning_field("SF_CONTROL_")
 
     if TYPE_CHECKING:
@@ -99,6 +115,13 @@ class ControlSettings(BaseServiceSettings):
                 f"heartbeat_timeout_ms ({self.heartbeat_timeout_ms}) must exceed heartbeat_interval_ms "
                 f"({interval_ms}), or every instance is lost between two heartbeats"
             )
+        t = self.tuning
+        if not t.leader_retry_ms < t.leader_renew_deadline_ms < t.leader_lease_ttl_ms:
+            raise ValueError(
+                f"leader_retry_ms ({t.leader_retry_ms}) < leader_renew_deadline_ms "
+                f"({t.leader_renew_deadline_ms}) < leader_lease_ttl_ms ({t.leader_lease_ttl_ms}) must "
+                "hold: a leader must stop acting before its lease can pass to a standby"
+            )
         for token, scopes in self.tokens.items():
             if len(token.get_secret_value()) < 8:
                 raise ValueError("every token in SF_CONTROL_TOKENS must have at least 8 characters")
@@ -110,6 +133,12 @@ class ControlSettings(BaseServiceSettings):
         """How long a processor's reports may leave out a job it was just sent: a heartbeat may have
         been built before the StartJob it crossed."""
         return 2 * self.tuning.heartbeat_interval_ms + self.tuning.sweep_interval_ms
+
+    def advertised(self) -> str:
+        """The host other processes reach this replica at."""
+        if self.advertised_host:
+            return self.advertised_host
+        return socket.gethostname() if self.bind_host in ("0.0.0.0", "::", "") else self.bind_host
 
     def allowed_savepoint_roots(self) -> list[Path]:
         roots = self.savepoint_roots or [str(Path(self.data_dir) / "savepoints")]

@@ -4,19 +4,20 @@ Everything control knows lives here, so a restarted control loses no job and no 
 one JSON value; updates are optimistic transactions (WATCH/MULTI) so the API threads, the gRPC
 threads and the supervisor never overwrite each other's changes. A new job is stored durably when
 ``wait_replicas`` is set: its transaction is followed by WAIT, so the job a client was told about
-(201) survives a failover of the Redis primary.
+(201) survives a failover of the Redis primary. With a ``Fence`` (the leader election) every write
+also watches the leader term and is refused once a newer leader took over.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 import orjson
 import redis
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from services.control.errors import JobConflict, StoreUnavailable
+from services.control.errors import JobConflict, NotLeader, StoreUnavailable
 from shared import constants
 from shared.jobspec import JobSpec, spec_from_json
 from shared.jobstate import JobState
@@ -120,14 +121,48 @@ class InstanceRecord(BaseModel):
         return f"{self.host}:{self.grpc_port}"
 
 
+class Fence(Protocol):
+    """Who may write: the leader election (services/control/leader.py)."""
+
+    def check(self) -> int:
+        """The term this replica leads in, or raise NotLeader."""
+        ...
+
+    def deposed(self, term: int) -> NotLeader:
+        """The store holds a newer term than ``term``: the error to raise."""
+        ...
+
+
 R = TypeVar("R", bound=BaseModel)
+Pipeline = Any  # redis.client.Pipeline, in immediate mode after WATCH
+
+
+def watch_fenced(pipe: Pipeline, fence: Fence | None, *keys: str) -> list[Any]:
+    """WATCH ``keys`` (and the leader term, when fenced) and return their values.
+
+    Fenced, it raises NotLeader unless the stored term is the one this replica leads in; a new leader's
+    INCR after this read makes the transaction's EXEC fail (WatchError), and the retry is refused here.
+    """
+    if fence is None:
+        pipe.watch(*keys)
+        return list(pipe.mget(keys)) if len(keys) > 1 else [pipe.get(keys[0])]
+    term = fence.check()
+    pipe.watch(*keys, constants.REDIS_CONTROL_TERM)
+    *values, stored = pipe.mget([*keys, constants.REDIS_CONTROL_TERM])
+    if stored is None or int(stored) != term:
+        pipe.unwatch()
+        raise fence.deposed(term)
+    return values
 
 
 class _Records(Generic[R]):
-    def __init__(self, client: redis.Redis, model: type[R], key_of: Callable[[str], str]) -> None:
+    def __init__(
+        self, client: redis.Redis, model: type[R], key_of: Callable[[str], str], fence: Fence | None
+    ) -> None:
         self.client = client
         self.model = model
         self.key_of = key_of
+        self.fence = fence
 
     def _load(self, raw: bytes | str | None) -> R | None:
         return None if raw is None else self.model.model_validate_json(raw)
@@ -158,8 +193,8 @@ class _Records(Generic[R]):
             with self.client.pipeline() as pipe:
                 while True:
                     try:
-                        pipe.watch(key)
-                        current = self._load(pipe.get(key))
+                        (raw,) = watch_fenced(pipe, self.fence, key)
+                        current = self._load(raw)
                         if current is None:
                             pipe.unwatch()
                             return None
@@ -178,11 +213,20 @@ class _Records(Generic[R]):
 
 
 class JobStore:
-    def __init__(self, client: redis.Redis, wait_replicas: int = 0, wait_timeout_ms: int = 1_000) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = 1_000,
+        fence: Fence | None = None,
+    ) -> None:
         self.client = client
         self.wait_replicas = wait_replicas
         self.wait_timeout_ms = wait_timeout_ms
-        self._records: _Records[JobRecord] = _Records(client, JobRecord, constants.redis_control_job_key)
+        self.fence = fence
+        self._records: _Records[JobRecord] = _Records(
+            client, JobRecord, constants.redis_control_job_key, fence
+        )
 
     def create(self, job: JobRecord) -> JobRecord:
         """Store a new job; an existing job with that id is replaced only once it is final.
@@ -194,8 +238,8 @@ class JobStore:
             with DurableTransaction(self.client, self.wait_replicas, self.wait_timeout_ms) as pipe:
                 while True:
                     try:
-                        pipe.watch(key)
-                        existing = self._records._load(pipe.get(key))
+                        (raw,) = watch_fenced(pipe, self.fence, key)
+                        existing = self._records._load(raw)
                         # Our own write, applied before a retried call (its connection broke after EXEC).
                         ours = existing is not None and existing.model_dump_json() == job.model_dump_json()
                         if existing is not None and not existing.state.is_final and not ours:
@@ -235,20 +279,37 @@ class JobStore:
 
 
 class InstanceStore:
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: redis.Redis, fence: Fence | None = None) -> None:
         self.client = client
+        self.fence = fence
         self._records: _Records[InstanceRecord] = _Records(
-            client, InstanceRecord, constants.redis_control_instance_key
+            client, InstanceRecord, constants.redis_control_instance_key, fence
         )
 
-    def put(self, instance: InstanceRecord) -> None:
+    def _write(self, instance_id: str, write: Callable[[Pipeline], None]) -> None:
+        """``write`` queues the commands of one transaction, fenced by the leader term."""
+        key = constants.redis_control_instance_key(instance_id)
         try:
-            pipe = self.client.pipeline()
-            pipe.set(constants.redis_control_instance_key(instance.instance_id), instance.model_dump_json())
-            pipe.sadd(constants.REDIS_CONTROL_INSTANCES, instance.instance_id)
-            pipe.execute()
+            with self.client.pipeline() as pipe:
+                while True:
+                    try:
+                        if self.fence is not None:
+                            watch_fenced(pipe, self.fence, key)
+                        pipe.multi()
+                        write(pipe)
+                        pipe.execute()
+                        return
+                    except redis.WatchError:
+                        continue
         except redis.RedisError as e:
             raise StoreUnavailable(f"the job store (Redis) is unavailable: {e}") from e
+
+    def put(self, instance: InstanceRecord) -> None:
+        def write(pipe: Pipeline) -> None:
+            pipe.set(constants.redis_control_instance_key(instance.instance_id), instance.model_dump_json())
+            pipe.sadd(constants.REDIS_CONTROL_INSTANCES, instance.instance_id)
+
+        self._write(instance.instance_id, write)
 
     def get(self, instance_id: str) -> InstanceRecord | None:
         return self._records.get(instance_id)
@@ -278,13 +339,11 @@ class InstanceStore:
         return self._records.update(instance_id, change)
 
     def delete(self, instance_id: str) -> None:
-        try:
-            pipe = self.client.pipeline()
+        def write(pipe: Pipeline) -> None:
             pipe.delete(constants.redis_control_instance_key(instance_id))
             pipe.srem(constants.REDIS_CONTROL_INSTANCES, instance_id)
-            pipe.execute()
-        except redis.RedisError as e:
-            raise StoreUnavailable(f"the job store (Redis) is unavailable: {e}") from e
+
+        self._write(instance_id, write)
 
 
 def _text(value: bytes | str) -> str:

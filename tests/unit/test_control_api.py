@@ -20,7 +20,11 @@ def test_readyz_reports_unreachable_dependencies() -> None:
     with TestClient(create_app(SETTINGS)) as client:
         resp = client.get("/readyz")
     assert resp.status_code == 503
-    assert resp.json() == {"ready": False, "checks": {"redis": False, "kafka": False, "grpc": True}}
+    assert resp.json() == {
+        "ready": False,
+        "checks": {"redis": False, "kafka": False, "grpc": True},
+        "leader": False,  # it could not reach Redis to win the lease
+    }
 
 
 def test_results_range_is_checked() -> None:
@@ -65,6 +69,7 @@ def test_openapi_documents_every_endpoint_and_the_spec_body() -> None:
         ("/cluster/metrics", "get"),
         ("/healthz", "get"),
         ("/readyz", "get"),
+        ("/leader", "get"),
         ("/metrics", "get"),
     ]:
         assert method in paths[path], f"{method.upper()} {path} is not documented"

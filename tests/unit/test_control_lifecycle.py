@@ -9,6 +9,7 @@ import redis
 from services.control.context import ControlContext
 from services.control.dispatch import specs_digest
 from services.control.errors import IllegalTransition
+from services.control.leader import LeaderElection
 from services.control.lifecycle import TRANSITIONS, allowed_next, can_transition
 from services.control.peers import Peers
 from services.control.settings import ControlSettings
@@ -70,7 +71,9 @@ def test_an_illegal_transition_is_refused_with_the_allowed_ones() -> None:
     job = JobRecord(id="j", spec_json="{}", state=JobState.CANCELED, created_at_ms=1, updated_at_ms=1)
     client = redis.Redis()  # never connected: moved() only checks and records, it stores nothing
     stores = JobStore(client), InstanceStore(client)
-    transitions = Transitions(ControlContext(ControlSettings(), *stores, Peers(), lambda: 5, lambda: None))
+    election = LeaderElection(client, ttl_ms=3_000, renew_deadline_ms=2_000, retry_ms=500)
+    context = ControlContext(ControlSettings(), *stores, Peers(), lambda: 5, lambda: None, election)
+    transitions = Transitions(context)
     with pytest.raises(IllegalTransition) as err:
         transitions.moved(job, JobState.RUNNING, "why")
     assert err.value.http_status == 409

@@ -14,10 +14,11 @@ from opentelemetry import trace
 from services.control import dashboard
 from services.control.api.routes import cluster, health, jobs, services
 from services.control.dashboard.settings import DashboardSettings
-from services.control.errors import ControlError
+from services.control.errors import ControlError, NotLeader
 from services.control.plane import ControlPlane
 from services.control.settings import ControlSettings
 from services.control.store import JobRecord
+from shared import constants
 from shared.errors import SpecError
 from shared.jobspec import JobSpec
 from shared.jobstate import ACTIVE_STATES
@@ -30,6 +31,9 @@ and sink instances; read window results.
 
 Auth: `Authorization: Bearer <token>` with a token from `SF_CONTROL_TOKENS`; reads need the `read`
 scope, changes the `write` scope. Errors are 4xx with a `detail` that says what to fix.
+
+Control runs as a leader and standbys: any replica serves reads; a standby answers a change with 503,
+naming the leader in `detail` and in the `SF-Control-Leader` header (`GET /leader` says who leads).
 """
 
 
@@ -68,7 +72,11 @@ def create_app(
 
     @app.exception_handler(ControlError)
     async def control_error(_request: Request, exc: ControlError) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=exc.http_status)
+        headers = {}
+        if isinstance(exc, NotLeader):
+            # A client with a list of control URLs tries the next one (client/sdk.py).
+            headers = {"Retry-After": "1", constants.CONTROL_LEADER_HEADER: exc.leader_api_url}
+        return JSONResponse({"detail": str(exc)}, status_code=exc.http_status, headers=headers)
 
     for router in (health.router, jobs.router, services.router, cluster.router, dashboard.router):
         app.include_router(router)

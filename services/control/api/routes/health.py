@@ -31,7 +31,25 @@ async def readyz(plane: PlaneDep, settings: SettingsDep, response: Response) -> 
     }
     ready = all(checks.values())
     response.status_code = 200 if ready else 503
-    return {"ready": ready, "checks": checks}
+    # A standby is ready too: it serves reads and takes over when the leader goes.
+    return {"ready": ready, "checks": checks, "leader": plane.leader.is_leader()}
+
+
+@router.get("/leader")
+async def leader(plane: PlaneDep) -> dict[str, Any]:
+    """Which replica leads control (from the lease in Redis), and whether this one does."""
+    try:
+        current = await run_in_threadpool(plane.leader.current)
+    except redis.RedisError:
+        current = None
+    return {
+        "replica": plane.replica_id,
+        "leader": plane.leader.is_leader(),
+        "leader_replica": current.replica.replica_id if current else "",
+        "leader_api_url": current.replica.api_url if current else "",
+        "leader_grpc_target": current.replica.grpc_target if current else "",
+        "term": current.term if current else 0,
+    }
 
 
 @router.get("/metrics", response_class=Response)
