@@ -33,10 +33,11 @@ from services.processor.errors import (
     SavepointError,
 )
 from services.processor.jobs import savepoints
+from services.processor.jobs.claim import claim_checkpoint
 from services.processor.jobs.ledger import LedgerEntry
 from services.processor.jobs.plan import Plan, build_plan
 from services.processor.jobs.query import check_task_slots, start_query
-from services.processor.jobs.recovery import job_checkpoints, ledger_of, next_epoch, resume_verdicts
+from services.processor.jobs.recovery import job_checkpoints, ledger_of, resume_verdicts
 from services.processor.jobs.table import HostedJob, JobTable, JobView
 from services.processor.jobs.versions import ROW_VERSIONS
 from services.processor.metrics import JOB_RESTARTS, JobMetricsListener
@@ -201,50 +202,18 @@ class JobRunner:
     def _prepare_checkpoint(
         self, spec: JobSpec, savepoint: savepoints.Savepoint | None, plan: Plan, live: int | None
     ) -> int:
-        """Make the job's checkpoint for this start and return the epoch it runs in:
-
-        - its own (the ledger names the live epoch): resumed in that epoch;
-        - another processor's (a takeover): renamed to a higher epoch, the single-winner step;
-        - a savepoint's: restored into a new epoch, the live one set aside;
-        - none yet: a new epoch directory, created exclusively.
-
-        CheckpointTakenError when another start won the rename or the creation.
-        """
-        job_id, storage = spec.id, self.storage
-        checkpoints = self.checkpoints(job_id)
-        entry = self.ledger.get(job_id)
-        known = [*checkpoints.epochs(), *([entry.epoch] if entry is not None else [])]
-        if live is not None:
-            note = ckpt.read_note(storage, checkpoints.epoch_dir(live))
-            known += [int(note["epoch"])] if "epoch" in note else []
-        own = savepoint is None and live is not None and entry is not None and entry.epoch == live
-        epoch = next_epoch(known, own, savepoint.epoch if savepoint is not None else None)
-        note = ckpt.note_for(job_id, epoch, plan.versions, plan.trace or "")
-        if savepoint is not None:
-            moved = savepoints.restore(
-                self.storage_of(savepoint.path, checkpoints.job_dir),
-                savepoint,
-                checkpoints,
-                job_id,
-                epoch,
-                plan.versions,
-                plan.trace,
-            )
-            if moved is not None:
-                log.info("job %s: previous checkpoint moved to %s", job_id, moved)
-        elif live is None:
-            if not checkpoints.claim(epoch, note):
-                raise CheckpointTakenError(f"job {job_id} did not start: another start created epoch {epoch}")
-        elif own:
-            ckpt.write_note(storage, checkpoints.epoch_dir(epoch), note)  # clears a stop mark
-        else:
-            if not checkpoints.take_over(live, epoch):
-                raise CheckpointTakenError(
-                    f"job {job_id} did not start: another processor took its checkpoint (epoch {live}) first"
-                )
-            ckpt.write_note(storage, checkpoints.epoch_dir(epoch), note)
-            self._took_over(spec, epoch)
-        return epoch
+        """Make the job's checkpoint for this start ready (jobs/claim.py); the epoch it runs in."""
+        checkpoints = self.checkpoints(spec.id)
+        where = (
+            self.storage_of(savepoint.path, checkpoints.job_dir) if savepoint is not None else self.storage
+        )
+        entry = self.ledger.get(spec.id)
+        claim = claim_checkpoint(
+            spec.id, checkpoints, entry, live, savepoint, where, plan.versions, plan.trace
+        )
+        if claim.took_over:
+            self._took_over(spec, claim.epoch)
+        return claim.epoch
 
     def _took_over(self, spec: JobSpec, epoch: int) -> None:
         """Called right after this processor renamed the job's checkpoint to ``epoch``: from here no
@@ -405,6 +374,8 @@ class JobRunner:
                 if error is None:  # stopped behind our back
                     self._set(job, state=JobState.CANCELED, query=None, message="query stopped")
                     continue
+                if self._moved(job):  # its writes failed because another processor took it over
+                    continue
                 failures = job.failures + 1
                 if now - job.running_since > s.tuning.job_failure_reset_s:
                     failures = 1  # it ran fine for a long while: this is a fresh problem
@@ -424,10 +395,23 @@ class JobRunner:
                     try:
                         self._run(job)
                     except CheckpointTakenError as e:
-                        log.warning("%s: not restarted here", e)
+                        log.warning("%s: not restarted here", e)  # _run() took it off the table
                     except (ProcessorError, SpecError) as e:
                         self._give_up(job, _first_line(e))
         self.fence()
+
+    def _moved(self, job: HostedJob) -> bool:
+        """Whether another processor took the job's checkpoint over; if so the job leaves this one."""
+        try:
+            if self.checkpoints(job.spec.id).is_live(job.epoch):
+                return False
+        except OSError as e:
+            log.warning("job %s: cannot check its checkpoint: %s", job.spec.id, e)
+            return False
+        log.warning("job %s: another processor took its checkpoint over; it no longer runs here", job.spec.id)
+        self._set(job, query=None)
+        self._yield(job)
+        return True
 
     def fence(self) -> Sequence[str]:
         """Stop every query here whose checkpoint another processor took over since it started (its

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -145,10 +144,7 @@ def restore(
     tmp = join(job.job_dir, f".restoring-{wall_clock_ms()}")
     try:
         storage.copy_tree(savepoint.checkpoint, tmp)
-        storage.write_atomic(join(tmp, "metadata"), orjson.dumps({"id": _new_query_id()}))
-        # Hadoop's checksum of the old metadata (its local file system writes one next to each
-        # checkpoint file): left in place it no longer matches, and Spark refuses to start the query.
-        storage.delete(join(tmp, ".metadata.crc"))
+        ckpt.renew_query_id(storage, tmp)
         if versions is None:
             versions = ckpt.versions_of(storage, tmp)  # the saved state's: it has a row count or not
         if trace is None:
@@ -162,10 +158,6 @@ def restore(
         _quietly_delete(storage, tmp)
         raise SavepointError(f"cannot restore savepoint {savepoint.path} to {job.job_dir}: {e}") from e
     return moved
-
-
-def _new_query_id() -> str:
-    return str(uuid.uuid4())
 
 
 def _quietly_delete(storage: StateStorage, uri: str) -> None:

@@ -14,6 +14,7 @@ the live directory aside as ``replaced-epoch-<E>-<ms>`` (kept, never deleted).
 from __future__ import annotations
 
 import re
+import uuid
 from typing import Any
 
 import orjson
@@ -117,6 +118,15 @@ def clear_stopped(storage: StateStorage, checkpoint: str) -> None:
 def was_stopped(storage: StateStorage, checkpoint: str) -> bool:
     """Whether the job was stopped since its last start (``mark_stopped``)."""
     return read_note(storage, checkpoint).get("stopped") is True
+
+
+def renew_query_id(storage: StateStorage, checkpoint: str) -> None:
+    """Give the checkpoint's query a fresh id: Spark refuses two active queries with one id in a
+    JVM, and the one that wrote it (a savepoint's original, a job's old owner) may still run there."""
+    storage.write_atomic(join(checkpoint, "metadata"), orjson.dumps({"id": str(uuid.uuid4())}))
+    # Hadoop's checksum of the old metadata (its local file system writes one next to each
+    # checkpoint file): left in place it no longer matches, and Spark refuses to start the query.
+    storage.delete(join(checkpoint, ".metadata.crc"))
 
 
 def has_metadata(storage: StateStorage, checkpoint: str) -> bool:

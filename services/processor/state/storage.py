@@ -195,6 +195,8 @@ def _rename_noreplace(src: Path, dst: Path) -> None:
 # Hadoop exceptions and what they become here.
 _JAVA_ERRORS: dict[str, type[OSError]] = {
     "org.apache.hadoop.fs.FileAlreadyExistsException": FileExistsError,
+    # Another create of the same file is still open (HDFS): it exists, and the other create won.
+    "org.apache.hadoop.hdfs.protocol.AlreadyBeingCreatedException": FileExistsError,
     "java.io.FileNotFoundException": FileNotFoundError,
     "org.apache.hadoop.fs.ParentNotDirectoryException": NotADirectoryError,
 }
