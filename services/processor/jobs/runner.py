@@ -20,7 +20,6 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
-from py4j.protocol import Py4JError
 from pyspark.errors import AnalysisException
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
@@ -36,13 +35,12 @@ from services.processor.jobs import savepoints
 from services.processor.jobs.claim import claim_checkpoint
 from services.processor.jobs.ledger import LedgerEntry
 from services.processor.jobs.plan import Plan, build_plan
-from services.processor.jobs.query import check_task_slots, start_query
+from services.processor.jobs.query import check_real_time_interval, check_task_slots, start_query, stop_query
 from services.processor.jobs.recovery import job_checkpoints, ledger_of, resume_verdicts
 from services.processor.jobs.table import HostedJob, JobTable, JobView
 from services.processor.jobs.versions import ROW_VERSIONS
 from services.processor.metrics import JOB_RESTARTS, JobMetricsListener
 from services.processor.settings import ProcessorSettings
-from services.processor.spark.scheduler import STOPPED_TASKS_TIMEOUT_S, await_tasks
 from services.processor.state import checkpoints as ckpt
 from services.processor.state.checkpoints import JobCheckpoints
 from services.processor.state.storage import HadoopStorage, StateStorage, is_local, shown, storage_for, to_uri
@@ -130,13 +128,7 @@ class JobRunner:
     def plan(self, spec: JobSpec, versions: str = ROW_VERSIONS, trace: str | None = None) -> Plan:
         """Check a spec against Spark (expressions, types, real-time limits) and build its query plan."""
         if spec.trigger_mode == "real_time":
-            conf = self.spark.conf.get("spark.sql.streaming.realTimeMode.minBatchDuration") or "5000ms"
-            minimum = int(conf.removesuffix("ms")) if conf.endswith("ms") else 5_000
-            if spec.trigger_interval < minimum:
-                raise SpecError(
-                    f"trigger_interval: real-time batches last at least {minimum} ms "
-                    "(spark.sql.streaming.realTimeMode.minBatchDuration); the results still flow per row"
-                )
+            check_real_time_interval(self.spark, spec)
         try:
             return build_plan(
                 self.spark,
@@ -253,6 +245,7 @@ class JobRunner:
     def _yield(self, job: HostedJob) -> None:
         """The job moved to another processor: off this one's table (heartbeats stop reporting it, so
         control follows the processor that runs it) and not resumed by this one's next start."""
+        log.warning("job %s: another processor took its checkpoint over; it leaves this one", job.spec.id)
         self.table.forget(job)
         entry = self.ledger.get(job.spec.id)
         if entry is not None and entry.should_run and entry.epoch == job.epoch:
@@ -314,26 +307,8 @@ class JobRunner:
             ckpt.mark_stopped(self.storage, self.checkpoints(job.spec.id).epoch_dir(job.epoch))
 
     def _stop_running(self, job: HostedJob, query: StreamingQuery, at_batch_boundary: bool) -> None:
-        if at_batch_boundary and query.isActive:
-            # Stop between two triggers when one comes within the timeout. Stopping mid-batch is safe
-            # too: Spark's offset log replays that batch on restore; this only avoids the rework.
-            deadline = time.monotonic() + self.settings.tuning.stop_timeout_ms / 1000
-            while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:
-                time.sleep(0.02)
-        try:
-            query.stop()
-        except (Py4JError, ConnectionError):
-            raise  # the JVM is gone: nothing left to stop (the caller decides what that means)
-        except Exception as e:  # a query that failed while stopping is stopped all the same
-            log.warning("job %s: stopping its query: %s", job.spec.id, _first_line(e))
-        # Its checkpoint is copied (a savepoint) or taken over by another processor next: a task of
-        # the last batch, killed, may still be writing it.
-        if not await_tasks(self.spark, str(query.runId), STOPPED_TASKS_TIMEOUT_S):
-            log.warning(
-                "job %s: a task of its query still ran %.0f s after it stopped",
-                job.spec.id,
-                STOPPED_TASKS_TIMEOUT_S,
-            )
+        timeout_s = self.settings.tuning.stop_timeout_ms / 1000 if at_batch_boundary else 0.0
+        stop_query(self.spark, query, job.spec.id, timeout_s)
         self._set(job, query=None)
 
     # --- supervision ------------------------------------------------------------------------------
@@ -374,7 +349,9 @@ class JobRunner:
                 if error is None:  # stopped behind our back
                     self._set(job, state=JobState.CANCELED, query=None, message="query stopped")
                     continue
-                if self._moved(job):  # its writes failed because another processor took it over
+                if self._taken_over(job):  # its writes failed: another processor took it over
+                    self._set(job, query=None)
+                    self._yield(job)
                     continue
                 failures = job.failures + 1
                 if now - job.running_since > s.tuning.job_failure_reset_s:
@@ -400,49 +377,26 @@ class JobRunner:
                         self._give_up(job, _first_line(e))
         self.fence()
 
-    def _moved(self, job: HostedJob) -> bool:
-        """Whether another processor took the job's checkpoint over; if so the job leaves this one."""
+    def _taken_over(self, job: HostedJob) -> bool:
+        """Whether another processor took the job's checkpoint over (False when that cannot be told:
+        with the state root unreachable the query's own writes fail)."""
         try:
-            if self.checkpoints(job.spec.id).is_live(job.epoch):
-                return False
+            return not self.checkpoints(job.spec.id).is_live(job.epoch)
         except OSError as e:
             log.warning("job %s: cannot check its checkpoint: %s", job.spec.id, e)
             return False
-        log.warning("job %s: another processor took its checkpoint over; it no longer runs here", job.spec.id)
-        self._set(job, query=None)
-        self._yield(job)
-        return True
 
     def fence(self) -> Sequence[str]:
-        """Stop every query here whose checkpoint another processor took over since it started (its
-        epoch directory is no longer the job's live one); the ids of those jobs.
-
-        After the takeover's rename, Spark's atomic creates of the old owner land in the old path and
-        no longer reach the job's checkpoint; this stops the query itself soon after. A query whose
-        check fails (the state root unreachable) runs on: its own writes fail the same way."""
+        """Stop every query here whose checkpoint another processor took over (a higher epoch exists;
+        on a local root its writes may still go on in the old epoch's path). The ids of those jobs."""
         moved = []
         for job in self.table.jobs():
-            if job.state != JobState.RUNNING or job.query is None:
-                continue
-            try:
-                live = self.checkpoints(job.spec.id).is_live(job.epoch)
-            except OSError as e:
-                log.warning("job %s: cannot check its checkpoint: %s", job.spec.id, e)
-                continue
-            if live:
-                continue
-            with self._command_lock:
-                if self.table.find(job.spec.id) is not job or job.query is None:
-                    continue
-                log.warning(
-                    "job %s: another processor took its checkpoint over (epoch %d is no longer the live "
-                    "one); stopping it here",
-                    job.spec.id,
-                    job.epoch,
-                )
-                self._stop_running(job, job.query, at_batch_boundary=False)
-                self._yield(job)
-                moved.append(job.spec.id)
+            if job.state == JobState.RUNNING and job.query is not None and self._taken_over(job):
+                with self._command_lock:
+                    if job.query is not None and self.table.find(job.spec.id) is job:
+                        self._stop_running(job, job.query, at_batch_boundary=False)
+                        self._yield(job)
+                        moved.append(job.spec.id)
         return moved
 
     def resume_stored(self, skip: set[str]) -> None:
