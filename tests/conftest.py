@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from infra.local.hdfs import HdfsCluster, single_machine
 from infra.local.stack import StackConfig, broker, redis_server, zipkin_server
 from infra.local.zipkin import ZipkinServer
 from infra.paths import RUN_DIR
@@ -74,6 +75,18 @@ def zipkin(stack_cfg: StackConfig, _fresh_run_dir: None) -> Iterator[ZipkinServe
     z.wait_ready()
     yield z
     z.stop()
+
+
+HDFS_PORT = 19820 + _OFFSET  # the NameNode's; its HTTP and the DataNode's follow it (single_machine)
+
+
+@pytest.fixture(scope="session")
+def hdfs(stack_cfg: StackConfig, _fresh_run_dir: None) -> Iterator[HdfsCluster]:
+    """A real HDFS: a NameNode and one DataNode (replication 1) on loopback."""
+    cluster = single_machine(stack_cfg.run_dir, HDFS_PORT)
+    cluster.up()
+    yield cluster
+    cluster.stop()
 
 
 @pytest.fixture

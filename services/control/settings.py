@@ -90,8 +90,8 @@ class ControlSettings(BaseServiceSettings):
     )
     savepoint_roots: list[str] = Field(
         default_factory=list,
-        description="directories a request may name for savepoints (the processor reads and writes "
-        "there); empty: `<data_dir>/savepoints`",
+        description="directories (paths or URIs) a request may name for savepoints (the processor reads and "
+        "writes there); empty: `<data_dir>/savepoints`",
     )
     max_spec_bytes: int = Field(1_048_576, ge=1_024, description="the largest job spec POST /jobs accepts")
     advertised_host: str = Field(
@@ -140,6 +140,7 @@ class ControlSettings(BaseServiceSettings):
             return self.advertised_host
         return socket.gethostname() if self.bind_host in ("0.0.0.0", "::", "") else self.bind_host
 
-    def allowed_savepoint_roots(self) -> list[Path]:
+    def allowed_savepoint_roots(self) -> list[str | Path]:
+        """Local roots as resolved paths; URIs (``hdfs://...``) as given."""
         roots = self.savepoint_roots or [str(Path(self.data_dir) / "savepoints")]
-        return [Path(os.path.normpath(Path(r).resolve())) for r in roots]
+        return [r if "://" in r else Path(os.path.normpath(Path(r).resolve())) for r in roots]

@@ -28,7 +28,6 @@ from infra.cluster.spark_standalone import SparkMaster, spark_conf
 from infra.demo.datagen import oracle_window_counts
 from services.processor.grpc_server import grpc_services
 from services.processor.jobs import savepoints
-from services.processor.jobs.leases import LEASE_NAME, CheckpointBusyError, CheckpointLease
 from services.processor.jobs.ledger import LedgerEntry
 from services.processor.jobs.query import start_query
 from services.processor.jobs.runner import JobRunner
@@ -36,6 +35,8 @@ from services.processor.jobs.versions import BATCH_VERSIONS, ROW_VERSIONS, split
 from services.processor.metrics import JobMetricsListener
 from services.processor.settings import ProcessorSettings
 from services.processor.spark.scheduler import await_tasks, running_tasks, tasks_running
+from services.processor.state import checkpoints as ckpt
+from services.processor.state.storage import local_path
 from services.processor.tracing import TRACE_NUMBERS, TRACE_TEXT
 from services.processor.warmup.shapes import ShapeWarmer
 from services.processor.warmup.specs import warmup_spec
@@ -184,8 +185,8 @@ def test_commands_metrics_savepoint_and_restores_are_exact(
     # Stop with a savepoint: FINISHED, and the savepoint holds the spec, epoch and offsets.
     stopped = stub.StopJob(pb.StopJobRequest(job_id=unique, savepoint=True), timeout=60)
     assert stopped.state == pb.JOB_STATE_FINISHED and stopped.savepoint_path
-    assert savepoints.was_stopped(manager.checkpoint_dir(unique))  # not resumed by an old list
-    sp1 = savepoints.load(stopped.savepoint_path)
+    assert ckpt.was_stopped(manager.storage, manager.checkpoint_dir(unique))  # not resumed by an old list
+    sp1 = savepoints.load(manager.storage, stopped.savepoint_path)
     assert (sp1.job_id, sp1.epoch, sp1.spec.id) == (unique, 0, unique)
     assert sp1.last_committed_batch is not None and sp1.offsets
     assert sum(sp1.offsets[0][f"{topic}.valid"].values()) == len(part1)
@@ -218,9 +219,7 @@ def test_commands_metrics_savepoint_and_restores_are_exact(
     for attempt in (1, 2):
         before = max(r.version for r in newest(kafka_bootstrap, out, unique).values())
         again = stub.StartJob(
-            pb.StartJobRequest(
-                job_id=unique, spec_json=spec_json(unique, topic), from_savepoint=sp1.path.as_posix()
-            ),
+            pb.StartJobRequest(job_id=unique, spec_json=spec_json(unique, topic), from_savepoint=sp1.path),
             timeout=60,
         )
         assert again.state == pb.JOB_STATE_RUNNING
@@ -252,7 +251,7 @@ def test_a_micro_batch_checkpoint_of_before_resumes_with_batch_versions(
     topic, out = unique, f"{unique}.out"
     ensure_topics(kafka_bootstrap, [f"{topic}.valid", out], partitions=1)
     spec_text = spec_json(unique, topic)
-    checkpoint = manager.checkpoint_dir(unique)
+    checkpoint = local_path(manager.checkpoint_dir(unique))  # epoch-0, as an older processor left it
     part1, part2 = events("/a", BASE, 50), events("/a", BASE + 5_000, 30, step=101)
     # What the processor of before left: its query's checkpoint (the trace context kept as text) and a
     # note naming no versions.
@@ -270,7 +269,7 @@ def test_a_micro_batch_checkpoint_of_before_resumes_with_batch_versions(
         before.processAllAvailable()
     finally:
         before.stop()
-    (checkpoint / savepoints.CHECKPOINT_NOTE).write_bytes(orjson.dumps({"job_id": unique, "epoch": 0}))
+    (checkpoint / ckpt.CHECKPOINT_NOTE).write_bytes(orjson.dumps({"job_id": unique, "epoch": 0}))
 
     status = stub.StartJob(pb.StartJobRequest(job_id=unique, spec_json=spec_text), timeout=60)
     assert status.state == pb.JOB_STATE_RUNNING, status.message
@@ -278,12 +277,14 @@ def test_a_micro_batch_checkpoint_of_before_resumes_with_batch_versions(
     catch_up(manager, unique)
     results = newest(kafka_bootstrap, out, unique)
     assert counts(results) == oracle_window_counts(part1 + part2, 10_000) == {("/a", BASE): 80}
-    # Its newest version is a batch id of this checkpoint (the resumed run's), not the count (80).
-    last_batch = savepoints.last_committed_batch(checkpoint)
+    # Its newest version is a batch id of this checkpoint (the resumed run's), not the count (80), in
+    # the epoch above the one it found (no ledger of this processor names it: a takeover).
+    resumed = manager.checkpoint_dir(unique)
+    last_batch = ckpt.last_committed_batch(manager.storage, resumed)
     epoch, low = split_version(results[("/a", BASE)].version)
-    assert last_batch is not None and epoch == 0 and 1 <= low <= last_batch < 80
-    assert savepoints.read_note(checkpoint)["versions"] == BATCH_VERSIONS
-    assert savepoints.read_note(checkpoint)["trace"] == TRACE_TEXT  # Spark refuses a changed state
+    assert last_batch is not None and epoch == 1 and 1 <= low <= last_batch < 80
+    assert ckpt.read_note(manager.storage, resumed)["versions"] == BATCH_VERSIONS
+    assert ckpt.read_note(manager.storage, resumed)["trace"] == TRACE_TEXT  # Spark refuses a changed state
     stub.StopJob(pb.StopJobRequest(job_id=unique), timeout=60)
 
     # The same spec from scratch under another id: row versions (the count below the epoch).
@@ -292,8 +293,8 @@ def test_a_micro_batch_checkpoint_of_before_resumes_with_batch_versions(
     assert status.state == pb.JOB_STATE_RUNNING, status.message
     catch_up(manager, fresh)
     assert split_version(newest(kafka_bootstrap, out, fresh)[("/a", BASE)].version) == (0, 80)
-    assert savepoints.read_note(manager.checkpoint_dir(fresh))["versions"] == ROW_VERSIONS
-    assert savepoints.read_note(manager.checkpoint_dir(fresh))["trace"] == TRACE_NUMBERS
+    assert ckpt.read_note(manager.storage, manager.checkpoint_dir(fresh))["versions"] == ROW_VERSIONS
+    assert ckpt.read_note(manager.storage, manager.checkpoint_dir(fresh))["trace"] == TRACE_NUMBERS
     stub.StopJob(pb.StopJobRequest(job_id=fresh), timeout=60)
 
 
@@ -344,51 +345,12 @@ def test_a_failed_stop_with_savepoint_leaves_the_job_running(
     assert failed.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "keeps running" in (failed.value.details() or "")
     assert stub.GetStatus(pb.JobRef(job_id=unique), timeout=10).state == pb.JOB_STATE_RUNNING
-    # Marked stopped while its lease was let go, unmarked once it ran again: a processor that ran it
-    # before would resume it should this one die.
-    assert not savepoints.was_stopped(manager.checkpoint_dir(unique))
+    # Marked stopped while it was copied, unmarked once it ran again: a processor that ran it before
+    # would resume it should this one die.
+    assert not ckpt.was_stopped(manager.storage, manager.checkpoint_dir(unique))
     send(kafka_bootstrap, unique, events("/a", BASE + 1, 5))
     catch_up(manager, unique)
     assert counts(newest(kafka_bootstrap, f"{unique}.out", unique)) == {("/a", BASE): 15}
-
-
-def test_a_checkpoint_another_query_holds_is_not_started_here(
-    processor: tuple[JobRunner, pb_grpc.JobCommandsStub, grpc.Channel],
-    kafka_bootstrap: str,
-    unique: str,
-) -> None:
-    """Two processors sharing checkpoints: a job whose checkpoint lease is held elsewhere (here: by the
-    test) is refused with who holds it; once released it starts, and its stop releases it again."""
-    manager, stub, _ = processor
-    ensure_topics(kafka_bootstrap, [f"{unique}.valid", f"{unique}.out"], partitions=1)
-    send(kafka_bootstrap, unique, events("/a", BASE, 10))
-    elsewhere = CheckpointLease(manager.checkpoint_dir(unique))
-    elsewhere.acquire()
-    try:
-        with pytest.raises(grpc.RpcError) as refused:
-            stub.StartJob(pb.StartJobRequest(spec_json=spec_json(unique, unique)), timeout=60)
-        # ABORTED: worth a retry once the other copy stops (control retries, it does not fail the job).
-        assert refused.value.code() == grpc.StatusCode.ABORTED
-        assert "in use by another query" in (refused.value.details() or ""), refused.value.details()
-        assert manager.query(unique) is None
-        # Refused before it touched the checkpoint the other query writes (no note, no moved files).
-        assert sorted(p.name for p in manager.checkpoint_dir(unique).iterdir()) == [LEASE_NAME]
-        # Never ran here: not in the table, so heartbeats do not report it FAILED.
-        assert unique not in [v.job_id for v in manager.list()]
-        with pytest.raises(grpc.RpcError) as unknown:
-            stub.GetStatus(pb.JobRef(job_id=unique), timeout=10)
-        assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
-    finally:
-        elsewhere.release()
-    started = stub.StartJob(pb.StartJobRequest(spec_json=spec_json(unique, unique)), timeout=60)
-    assert started.state == pb.JOB_STATE_RUNNING
-    catch_up(manager, unique)
-    assert counts(newest(kafka_bootstrap, f"{unique}.out", unique)) == {("/a", BASE): 10}
-    with pytest.raises(CheckpointBusyError):  # the running query holds it
-        elsewhere.acquire()
-    stub.StopJob(pb.StopJobRequest(job_id=unique), timeout=60)
-    elsewhere.acquire()  # stopped: free again
-    elsewhere.release()
 
 
 def test_a_job_stopped_where_it_ran_is_not_resumed_by_a_processor_that_ran_it_before(
@@ -405,10 +367,10 @@ def test_a_job_stopped_where_it_ran_is_not_resumed_by_a_processor_that_ran_it_be
     stub.StartJob(pb.StartJobRequest(spec_json=spec_json(unique, unique)), timeout=60)
     catch_up(manager, unique)
     checkpoint = manager.checkpoint_dir(unique)
-    assert not savepoints.was_stopped(checkpoint)
+    assert not ckpt.was_stopped(manager.storage, checkpoint)
     stub.StopJob(pb.StopJobRequest(job_id=unique), timeout=60)
-    assert savepoints.was_stopped(checkpoint)
-    assert savepoints.read_note(checkpoint)["job_id"] == unique  # the note is kept, marked
+    assert ckpt.was_stopped(manager.storage, checkpoint)
+    assert ckpt.read_note(manager.storage, checkpoint)["job_id"] == unique  # the note is kept, marked
     spec = parse_job_spec(spec_json(unique, unique))
     manager.ledger.put(LedgerEntry(spec=spec, should_run=True, epoch=0))  # the other processor's stale entry
     manager.resume_stored(skip=set())
@@ -418,7 +380,7 @@ def test_a_job_stopped_where_it_ran_is_not_resumed_by_a_processor_that_ran_it_be
     # Submitted again, it runs: its start rewrites the note.
     started = stub.StartJob(pb.StartJobRequest(spec_json=spec_json(unique, unique)), timeout=60)
     assert started.state == pb.JOB_STATE_RUNNING
-    assert not savepoints.was_stopped(checkpoint)
+    assert not ckpt.was_stopped(manager.storage, checkpoint)
     stub.StopJob(pb.StopJobRequest(job_id=unique), timeout=60)
 
 

@@ -10,9 +10,12 @@ consumer can drop the duplicates an at-least-once replay may write.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 
+from py4j.protocol import Py4JError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
@@ -21,12 +24,18 @@ from services.processor.jobs.columns import ROWS
 from services.processor.jobs.plan import Plan, build_plan
 from services.processor.jobs.records import to_window_results
 from services.processor.jobs.versions import BATCH_VERSIONS, ROW_VERSIONS, version_column, version_of
+from services.processor.spark.scheduler import STOPPED_TASKS_TIMEOUT_S, await_tasks
 from shared.errors import SpecError
 from shared.jobspec import JobSpec
 from shared.kafka import partition_count
 
+log = logging.getLogger(__name__)
 REAL_TIME_SHUFFLE_PARTITIONS = 1
 SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
+CHECKPOINT_FILE_MANAGER_KEY = "spark.sql.streaming.checkpointFileManagerClass"
+FILE_CONTEXT_MANAGER = (
+    "org.apache.spark.sql.execution.streaming.checkpointing.FileContextBasedCheckpointFileManager"
+)
 
 
 def _records(spec: JobSpec, plan: Plan, epoch: int) -> DataFrame:
@@ -73,7 +82,7 @@ def start_query(
         writer = writer.trigger(realTime=interval)  # type: ignore[call-overload]
     else:
         writer = writer.trigger(processingTime=interval)
-    with _state_partitions_of(spark, spec, bootstrap):
+    with _state_partitions_of(spark, spec, bootstrap), _checkpoint_manager_for(spark, checkpoint_dir):
         return writer.start()
 
 
@@ -118,6 +127,22 @@ def state_partitions(spark: SparkSession, spec: JobSpec, bootstrap: str) -> int:
 
 
 @contextmanager
+def _checkpoint_manager_for(spark: SparkSession, checkpoint_dir: str) -> Iterator[None]:
+    """Spark's FileContext checkpoint manager for a checkpoint off the local disk (HDFS): its rename
+    of a finished file refuses an existing destination in one NameNode call. Local checkpoints keep
+    the session's FileSystem manager (spark/session.py)."""
+    if not checkpoint_dir.startswith("hdfs:"):
+        yield
+        return
+    previous = spark.conf.get(CHECKPOINT_FILE_MANAGER_KEY)
+    spark.conf.set(CHECKPOINT_FILE_MANAGER_KEY, FILE_CONTEXT_MANAGER)
+    try:
+        yield
+    finally:
+        spark.conf.set(CHECKPOINT_FILE_MANAGER_KEY, previous or FILE_CONTEXT_MANAGER)
+
+
+@contextmanager
 def _shuffle_partitions(spark: SparkSession, partitions: int) -> Iterator[None]:
     """The session's shuffle partitions for a query started inside (a query copies the session's
     settings when it starts; the caller holds the processor's command lock)."""
@@ -127,6 +152,40 @@ def _shuffle_partitions(spark: SparkSession, partitions: int) -> Iterator[None]:
         yield
     finally:
         spark.conf.set(SHUFFLE_PARTITIONS, previous or "200")
+
+
+def stop_query(spark: SparkSession, query: StreamingQuery, job_id: str, boundary_timeout_s: float) -> None:
+    """Stop ``query``, between two triggers when one comes within ``boundary_timeout_s``, and wait
+    for the tasks of its last batch. Raises only when Spark's JVM is gone."""
+    if boundary_timeout_s > 0 and query.isActive:
+        # Stopping mid-batch is safe too: Spark's offset log replays that batch on restore; this only
+        # avoids the rework.
+        deadline = time.monotonic() + boundary_timeout_s
+        while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:
+            time.sleep(0.02)
+    try:
+        query.stop()
+    except (Py4JError, ConnectionError):
+        raise  # the JVM is gone: nothing left to stop (the caller decides what that means)
+    except Exception as e:  # a query that failed while stopping is stopped all the same
+        log.warning("job %s: stopping its query: %s", job_id, str(e).strip().split("\n")[0][:1000])
+    # Its checkpoint is copied (a savepoint) or taken over by another processor next: a task of the
+    # last batch, killed, may still be writing it.
+    if not await_tasks(spark, str(query.runId), STOPPED_TASKS_TIMEOUT_S):
+        log.warning(
+            "job %s: a task of its query still ran %.0f s after it stopped", job_id, STOPPED_TASKS_TIMEOUT_S
+        )
+
+
+def check_real_time_interval(spark: SparkSession, spec: JobSpec) -> None:
+    """Refuse a real-time trigger interval below Spark's minimum batch duration."""
+    conf = spark.conf.get("spark.sql.streaming.realTimeMode.minBatchDuration") or "5000ms"
+    minimum = int(conf.removesuffix("ms")) if conf.endswith("ms") else 5_000
+    if spec.trigger_interval < minimum:
+        raise SpecError(
+            f"trigger_interval: real-time batches last at least {minimum} ms "
+            "(spark.sql.streaming.realTimeMode.minBatchDuration); the results still flow per row"
+        )
 
 
 def realtime_slots(spec: JobSpec, bootstrap: str) -> int:
