@@ -32,10 +32,12 @@ from shared.metrics import (
     CHECKPOINT_DURATION,
     CONSUMER_LAG,
     LATE_EVENTS,
+    BATCH_STAGE,
     PROCESSING_LATENCY,
     RECORDS_PROCESSED,
     STATE_SIZE,
     WATERMARK_LAG_MS,
+    backpressure,
 )
 from shared.tracing import record_batch_span
 
@@ -108,6 +110,11 @@ class BatchMetrics:
     consumer_lag_records: int
     malformed_rows: int
     timestamp_ms: int | None
+    # Parts of the batch (Spark's durationMs): asking Kafka for offsets and reading them, running
+    # the batch's plan (the sink write included), and writing the offset and commit logs.
+    read_ms: int = 0
+    process_ms: int = 0
+    log_commit_ms: int = 0
 
 
 def metrics_from_progress(progress: dict[str, Any]) -> BatchMetrics:
@@ -145,6 +152,9 @@ def metrics_from_progress(progress: dict[str, Any]) -> BatchMetrics:
         consumer_lag_records=sum(_lag(s) for s in progress.get("sources") or []),
         malformed_rows=malformed,
         timestamp_ms=_iso_ms(progress.get("timestamp")),
+        read_ms=int(durations.get("latestOffset") or 0) + int(durations.get("getBatch") or 0),
+        process_ms=int(durations.get("addBatch") or 0),
+        log_commit_ms=int(durations.get("walCommit") or 0) + int(durations.get("commitOffsets") or 0),
     )
 
 
@@ -190,7 +200,12 @@ class JobMetricsListener(StreamingQueryListener):
             totals.rows_dropped_by_watermark += m.rows_dropped_by_watermark
             totals.malformed_rows += m.malformed_rows
         RECORDS_PROCESSED.labels(SERVICE, job).inc(m.input_rows)
-        PROCESSING_LATENCY.labels(SERVICE, job).observe(m.batch_duration_ms / 1000)
+        PROCESSING_LATENCY.labels(SERVICE, job, BATCH_STAGE).observe(m.batch_duration_ms / 1000)
+        PROCESSING_LATENCY.labels(SERVICE, job, "read").observe(m.read_ms / 1000)
+        PROCESSING_LATENCY.labels(SERVICE, job, "process").observe(m.process_ms / 1000)
+        PROCESSING_LATENCY.labels(SERVICE, job, "commit").observe(m.log_commit_ms / 1000)
+        # The driver waits on Kafka for the offsets of the next batch and for its records.
+        backpressure(SERVICE).add(m.read_ms / 1000)
         CHECKPOINT_DURATION.labels(SERVICE, job).observe(m.commit_duration_ms / 1000)
         STATE_SIZE.labels(SERVICE, job).set(m.state_memory_bytes)
         CONSUMER_LAG.labels(SERVICE, job).set(m.consumer_lag_records)
