@@ -93,8 +93,10 @@ def redis_job_keys_key(job_id: str) -> str:
 # sf:control:job:{job}          STRING  the job record (JSON): spec, state, processor, savepoint, metrics
 # sf:control:instances          SET     ids of registered ingest, processor and sink instances
 # sf:control:instance:{id}      STRING  the instance record (JSON): address, heartbeat, load, health
+# sf:control:alerts             HASH    Alertmanager's alerts: fingerprint -> the alert (JSON)
 REDIS_CONTROL_JOBS = f"{REDIS_PREFIX}:control:jobs"
 REDIS_CONTROL_INSTANCES = f"{REDIS_PREFIX}:control:instances"
+REDIS_CONTROL_ALERTS = f"{REDIS_PREFIX}:control:alerts"
 
 
 def redis_control_job_key(job_id: str) -> str:

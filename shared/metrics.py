@@ -73,7 +73,10 @@ class BackpressureMeter:
     """
 
     def __init__(
-        self, service: str, window_s: float = BACKPRESSURE_WINDOW_S, clock: Callable[[], float] = time.monotonic
+        self,
+        service: str,
+        window_s: float = BACKPRESSURE_WINDOW_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.service = service
         self.window_s = window_s

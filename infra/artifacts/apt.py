@@ -46,6 +46,11 @@ class DebianTool:
 
 REDIS_SERVER = DebianTool("redis-server", "redis-server")
 CHROMIUM = DebianTool("chromium", "chromium")
+# The monitoring stack (infra/local/prometheus.py, alertmanager.py) and the checks of its rules.
+PROMETHEUS = DebianTool("prometheus", "prometheus")
+PROMTOOL = DebianTool("promtool", "prometheus")
+ALERTMANAGER = DebianTool("prometheus-alertmanager", "prometheus-alertmanager")
+AMTOOL = DebianTool("amtool", "prometheus-alertmanager")
 # The security tests list which ports a JVM listens on (tests/security/test_spark_*.py).
 SS = DebianTool("ss", "iproute2")
 # Container images (infra/images/): podman builds and runs them, runc is the runtime it is told to use,

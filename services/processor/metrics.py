@@ -29,10 +29,10 @@ from services.processor.tracing import SPARK_OBSERVATION, spark_progress_times
 from shared import constants
 from shared.clock import wall_clock_ms
 from shared.metrics import (
+    BATCH_STAGE,
     CHECKPOINT_DURATION,
     CONSUMER_LAG,
     LATE_EVENTS,
-    BATCH_STAGE,
     PROCESSING_LATENCY,
     RECORDS_PROCESSED,
     STATE_SIZE,
@@ -65,6 +65,13 @@ COMMIT_DURATION_MS = Gauge(
 )
 MALFORMED_ROWS = Counter(
     "processor_malformed_rows_total", "Rows of a .valid topic without a key or event time (skipped)", ["job"]
+)
+TASK_SLOTS = Gauge("processor_task_slots", "Task slots of the processor's Spark application")
+TASK_SLOTS_HELD = Gauge(
+    "processor_task_slots_held", "Task slots real-time jobs hold for as long as they run (the last count)"
+)
+SLOT_REFUSALS = Counter(
+    "processor_slot_refusals_total", "Jobs refused because the task slots they need are held", ["job"]
 )
 JOB_RESTARTS = Counter(
     "processor_job_restarts_total", "Failed queries restarted from their checkpoint", ["job"]

@@ -35,6 +35,7 @@ def sources_of(request: Request) -> DashboardSources:
             metrics_urls=s.metrics_urls,
             redis=redis.Redis.from_url(s.redis_url, socket_timeout=2, socket_connect_timeout=2),
             aliases=s.aliases,
+            prometheus=s.prometheus(),
         )
         state.dashboard_sources = sources
     return sources
