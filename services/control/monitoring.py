@@ -35,9 +35,17 @@ def scrape_targets(
 ) -> list[dict[str, Any]]:
     """Prometheus HTTP service discovery: one group per instance, and control's own."""
     alive = {(i.host, i.metrics_port) for i in instances if i.health == "alive"}
+    # Of the lost instances at one address, only the last to register stands for it.
+    newest_lost: dict[tuple[str, int], str] = {}
+    for i in sorted(instances, key=lambda i: i.registered_at_ms):
+        if i.health != "alive":
+            newest_lost[(i.host, i.metrics_port)] = i.instance_id
     groups = [{"targets": [f"{control_host}:{control_port}"], "labels": {"service": "control"}}]
     for i in sorted(instances, key=lambda i: (i.service, i.instance_id)):
-        if i.metrics_port <= 0 or (i.health != "alive" and (i.host, i.metrics_port) in alive):
+        address = (i.host, i.metrics_port)
+        if i.metrics_port <= 0 or (
+            i.health != "alive" and (address in alive or newest_lost[address] != i.instance_id)
+        ):
             continue
         labels = {"service": i.service, "instance_id": i.instance_id}
         groups.append({"targets": [f"{i.host}:{i.metrics_port}"], "labels": labels})

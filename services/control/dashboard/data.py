@@ -28,6 +28,7 @@ from services.control.store import InstanceStore, JobStore
 from shared import constants
 from shared.clock import wall_clock_ms
 from shared.jobstate import ACTIVE_STATES
+from shared.metrics import BATCH_STAGE
 
 # Interval rates need two scrapes at least this far apart; closer polls reuse the last rates.
 MIN_RATE_INTERVAL_S = 0.5
@@ -115,8 +116,8 @@ def _parse(text: str, service: str) -> dict[tuple[str, str], dict[str, Any]]:
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             name, labels = s.name, s.labels
-            if "job" not in labels:
-                continue
+            if "job" not in labels or labels.get("stage", BATCH_STAGE) != BATCH_STAGE:
+                continue  # a part of a batch's latency: the whole batch's is what the page shows
             entry = out.setdefault((labels.get("service", service), labels["job"]), {"buckets": {}})
             if name in _COUNTERS:
                 field_name = _COUNTERS[name]
