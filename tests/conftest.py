@@ -14,7 +14,9 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from infra.local.alertmanager import TEST_GROUPING
 from infra.local.hdfs import HdfsCluster, single_machine
+from infra.local.prometheus import TEST_INTERVALS
 from infra.local.stack import StackConfig, broker, redis_server, zipkin_server
 from infra.local.zipkin import ZipkinServer
 from infra.paths import RUN_DIR
@@ -32,6 +34,10 @@ TEST_STACK = StackConfig(
     grpc_ports=(16123 + _OFFSET, 16124 + _OFFSET, 16125 + _OFFSET, 16126 + _OFFSET),
     ingest_http_port=18082 + _OFFSET,
     zipkin_port=19411 + _OFFSET,
+    prometheus_port=19090 + _OFFSET,
+    alertmanager_port=19094 + _OFFSET,
+    prometheus_intervals=TEST_INTERVALS,
+    alert_grouping=TEST_GROUPING,
 )
 
 

@@ -30,13 +30,15 @@ def _e(type_: str, *labels: str) -> Expected:
 # metric has no children yet shows as HELP/TYPE lines only, without samples).
 SHARED_METRICS: dict[str, Expected] = {
     "records_processed_total": _e("counter", "service", "job"),
-    "processing_latency_seconds": _e("histogram", "service", "job"),
+    "processing_latency_seconds": _e("histogram", "service", "job", "stage"),
     "checkpoint_duration_seconds": _e("histogram", "service", "job"),
     "consumer_lag_records": _e("gauge", "service", "job"),
     "watermark_lag_ms": _e("gauge", "service", "job"),
     "state_size_bytes": _e("gauge", "service", "job"),
     "late_events_total": _e("counter", "service", "job"),
     "dlq_events_total": _e("counter", "service", "job", "reason"),
+    "backpressure_blocked_seconds_total": _e("counter", "service"),
+    "backpressure_ratio": _e("gauge", "service"),
 }
 # The sink cache's write reduction: updates received per Redis write (services/sink/metrics.py).
 SINK_METRICS: dict[str, Expected] = {"sink_write_reduction_ratio": _e("gauge", "job")}

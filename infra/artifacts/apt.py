@@ -48,6 +48,11 @@ REDIS_SERVER = DebianTool("redis-server", "redis-server")
 # Sentinel (Redis high availability): the same executable run under this name (infra/local/redis_sentinel.py).
 REDIS_SENTINEL = DebianTool("redis-sentinel", "redis-sentinel")
 CHROMIUM = DebianTool("chromium", "chromium")
+# The monitoring stack (infra/local/prometheus.py, alertmanager.py) and the checks of its rules.
+PROMETHEUS = DebianTool("prometheus", "prometheus")
+PROMTOOL = DebianTool("promtool", "prometheus")
+ALERTMANAGER = DebianTool("prometheus-alertmanager", "prometheus-alertmanager")
+AMTOOL = DebianTool("amtool", "prometheus-alertmanager")
 # The security tests list which ports a JVM listens on (tests/security/test_spark_*.py).
 SS = DebianTool("ss", "iproute2")
 # Container images (infra/images/): podman builds and runs them, runc is the runtime it is told to use,

@@ -32,13 +32,22 @@ from infra.cluster.kafka_cluster import KafkaCluster
 from infra.cluster.spark_standalone import SparkMaster, SparkWorker, spark_conf
 from infra.errors import InfraError
 from infra.local import procs
-from infra.local.stack import StackConfig, redis_group, start_service, token_file, wait_process_ready
+from infra.local.prometheus import DEFAULT_INTERVALS, Intervals
+from infra.local.stack import (
+    StackConfig,
+    redis_group,
+    start_monitoring,
+    start_service,
+    token_file,
+    wait_process_ready,
+)
 from infra.paths import RUN_DIR
 
 DEMO_BASE_PORT = 20600
 TEST_BASE_PORT = 20700
 # Offsets within a cluster's block of 100 ports.
 KAFKA, CONTROLLERS, REDIS, SPARK, CONTROL, INGEST, SINK, PROCESSOR = 0, 10, 20, 30, 40, 50, 60, 70
+PROMETHEUS, ALERTMANAGER = 90, 94
 MAX_BROKERS, MAX_WORKERS, MAX_REPLICAS = 10, 4, 3
 
 
@@ -63,6 +72,7 @@ class ClusterConfig:
     control_token: str = ""
     # Extra environment per service ("control", "ingest", "processor", "sink"), e.g. faster heartbeats.
     service_env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    prometheus_intervals: Intervals = DEFAULT_INTERVALS
 
     def __post_init__(self) -> None:
         limits = {
@@ -153,6 +163,9 @@ def stack_config(cfg: ClusterConfig) -> StackConfig:
         spark_ui_port=processor["spark_ui"],
         zipkin_port=cfg.port(99),  # not started: the cluster's services do not trace
         control_token=cfg.control_token,
+        prometheus_port=cfg.port(PROMETHEUS),
+        alertmanager_port=cfg.port(ALERTMANAGER),
+        prometheus_intervals=cfg.prometheus_intervals,
     )
 
 
@@ -357,6 +370,7 @@ def up(cfg: ClusterConfig, step: Callable[[str], None] = print) -> None:
     for r in missing:
         wait_replica(cfg, r)
         step(f"{r.process} ready (pid {procs.pid_of(r.process, cfg.run_dir)})")
+    start_monitoring(stack_config(cfg), step)
     wait_registered(cfg)
 
 
@@ -376,6 +390,7 @@ def processes(cfg: ClusterConfig) -> list[tuple[str, int | None]]:
     rows += [(s.name, s.port) for s in redis.servers()]
     rows += [(s.name, s.port) for s in redis.sentinel_processes()]
     rows += [(master.name, master.port)]
+    rows += [("prometheus", cfg.port(PROMETHEUS)), ("alertmanager", cfg.port(ALERTMANAGER))]
     rows += [(w.name, w.port) for w in spark_workers(cfg)]
     for r in replicas(cfg):
         rows.append((r.process, int(r.ready_url.split(":")[2].split("/")[0])))

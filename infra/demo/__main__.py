@@ -28,7 +28,10 @@ from infra.local.stack import (
     SERVICES,
     STANDBY_PROCESSOR,
     StackConfig,
+    alertmanager,
+    prometheus_server,
     start_infrastructure,
+    start_monitoring,
     start_services,
     start_standby_processor,
 )
@@ -71,6 +74,7 @@ def main() -> int:
         # raw stream keeps one order and out-of-order events stay within the watermark's bound.
         ensure_topics(cfg.bootstrap, [spec.source.topic], partitions=1)
         start_services(cfg, SERVICES, step)
+        start_monitoring(cfg, step)
         submit_job(cfg, spec.id)
         if os.environ.get("SF_DEMO_STANDBY", "").lower() in ("1", "true", "yes"):
             # It warms up while the demo's data flows, then registers with control.
@@ -98,6 +102,9 @@ def main() -> int:
     console.print(f"  results       {cfg.control_url}/jobs/{spec.id}/results")
     console.print(f"  Spark UI      http://127.0.0.1:{cfg.spark_ui_port}")
     console.print(f"  tracing UI    {cfg.zipkin_url}/zipkin/  (Zipkin)")
+    auth = cfg.run_dir / "monitoring-auth" / "secrets.json"
+    console.print(f"  Prometheus    {prometheus_server(cfg).url}  (user operator, password in {auth})")
+    console.print(f"  Alertmanager  {alertmanager(cfg).url}  (user operator, same file)")
     if _serves(f"{cfg.control_url}/dashboard"):  # once control includes the dashboard router
         console.print(f"  dashboard     {cfg.control_url}/dashboard#token={cfg.control_token}")
     console.print(f"  logs          {cfg.run_dir / 'logs'}")

@@ -21,11 +21,20 @@ from pathlib import Path
 from infra.errors import InfraError
 from infra.paths import ROOT, logs_dir, pids_dir
 
-# Stopped after the services, in this order: Spark once its applications (processors) are gone,
-# Zipkin once the services flushed their last spans, Redis's Sentinels before the nodes they would
-# otherwise fail over, Kafka last. Each group is a name and its
-# numbered replicas (``kafka``, ``kafka-1``...), stopped together.
-INFRA_STOP_ORDER = ("spark-worker", "spark-master", "zipkin", "redis-sentinel", "redis", "kafka")
+# Stopped after the services, in this order: Prometheus and Alertmanager (they watch the services),
+# Spark once its applications (processors) are gone, Zipkin once the services flushed their last
+# spans, Redis's Sentinels before the nodes they would otherwise fail over, Kafka last. Each group is a
+# name and its numbered replicas (``kafka``, ``kafka-1``...), stopped together.
+INFRA_STOP_ORDER = (
+    "prometheus",
+    "alertmanager",
+    "spark-worker",
+    "spark-master",
+    "zipkin",
+    "redis-sentinel",
+    "redis",
+    "kafka",
+)
 
 # Popen objects of children started by this Python process. Keeping them referenced lets us reap them
 # (no zombies that would look alive) and avoids "subprocess is still running" ResourceWarnings.

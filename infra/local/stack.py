@@ -18,7 +18,10 @@ from infra.artifacts.class_archive import processor_jvm_settings
 from infra.artifacts.fetch import spark_kafka_jars
 from infra.errors import InfraError
 from infra.local import procs
+from infra.local.alertmanager import DEFAULT_GROUPING, Alertmanager, Grouping
 from infra.local.kafka_broker import DEFAULT_HEAP, KafkaBroker
+from infra.local.monitoring_auth import MonitoringAuth
+from infra.local.prometheus import DEFAULT_INTERVALS, Intervals, PrometheusServer
 from infra.local.redis_sentinel import RedisHA
 from infra.local.redis_server import RedisServer
 from infra.local.zipkin import SPANS_PATH as ZIPKIN_SPANS_PATH
@@ -59,6 +62,12 @@ class StackConfig:
     # ports, beside the primary on redis_port; empty: one Redis on redis_port.
     redis_replica_ports: tuple[int, ...] = ()
     redis_sentinel_ports: tuple[int, ...] = ()
+    # Prometheus and Alertmanager (start_monitoring); they need control_token, as control takes their
+    # tokens only beside one.
+    prometheus_port: int = 9090
+    alertmanager_port: int = 9094
+    prometheus_intervals: Intervals = DEFAULT_INTERVALS
+    alert_grouping: Grouping = DEFAULT_GROUPING
 
     @property
     def bootstrap(self) -> str:
@@ -114,6 +123,36 @@ def zipkin_server(cfg: StackConfig) -> ZipkinServer:
     return ZipkinServer(cfg.run_dir, port=cfg.zipkin_port)
 
 
+def prometheus_server(cfg: StackConfig) -> PrometheusServer:
+    return PrometheusServer(
+        cfg.run_dir,
+        cfg.prometheus_port,
+        control_url=cfg.control_url,
+        alertmanager_port=cfg.alertmanager_port,
+        intervals=cfg.prometheus_intervals,
+    )
+
+
+def alertmanager(cfg: StackConfig) -> Alertmanager:
+    return Alertmanager(
+        cfg.run_dir, cfg.alertmanager_port, control_url=cfg.control_url, grouping=cfg.alert_grouping
+    )
+
+
+def start_monitoring(cfg: StackConfig, step: Callable[[str], None] = print) -> None:
+    """Alertmanager and Prometheus, up and answering (reused when already running). Prometheus finds
+    its targets through control, so it shows them once control is up."""
+    if not cfg.control_token:
+        raise InfraError("the monitoring stack needs a control token (StackConfig.control_token)")
+    am, prom = alertmanager(cfg), prometheus_server(cfg)
+    step(f"Alertmanager: starting on {am.url}")
+    am.start()
+    step(f"Prometheus: starting on {prom.url}")
+    prom.start()
+    am.wait_ready()
+    prom.wait_ready()
+
+
 def start_infrastructure(cfg: StackConfig, step: Callable[[str], None] = print) -> None:
     """Redis, the Kafka broker and Zipkin, up and answering (reused when already running)."""
     group = redis_group(cfg)
@@ -163,6 +202,7 @@ def service_env(cfg: StackConfig) -> dict[str, str]:
     """Everything the services are configured with: one environment, read by their Settings."""
     specs = json.dumps([str(p.resolve()) for p in cfg.job_specs])
     ingest_port, processor_port, sink_port = cfg.metrics_ports
+    monitoring = MonitoringAuth(cfg.run_dir)
     return {
         "SF_KAFKA_BOOTSTRAP": cfg.bootstrap,
         "SF_DATA_DIR": str(cfg.data_dir.resolve()),
@@ -179,7 +219,11 @@ def service_env(cfg: StackConfig) -> dict[str, str]:
         "SF_SINK_METRICS_PORT": str(sink_port),
         "SF_CONTROL_PORT": str(cfg.control_port),
         **(
-            {"SF_CONTROL_TOKENS": json.dumps({cfg.control_token: ["read", "write"]})}
+            {
+                "SF_CONTROL_TOKENS": json.dumps(
+                    {cfg.control_token: ["read", "write"], **monitoring.control_tokens()}
+                )
+            }
             if cfg.control_token
             else {}
         ),
@@ -205,6 +249,14 @@ def service_env(cfg: StackConfig) -> dict[str, str]:
     }
 
 
+def dashboard_env(cfg: StackConfig) -> dict[str, str]:
+    """Control's dashboard reads history from Prometheus' query API, as Prometheus' `control` user."""
+    return {
+        "SF_DASHBOARD_PROMETHEUS_URL": f"http://127.0.0.1:{cfg.prometheus_port}",
+        "SF_DASHBOARD_PROMETHEUS_PASSWORD": MonitoringAuth(cfg.run_dir).password("prometheus", "control"),
+    }
+
+
 def start_service(
     cfg: StackConfig, name: str, extra_env: dict[str, str] | None = None, *, process: str = ""
 ) -> int:
@@ -213,6 +265,8 @@ def start_service(
     if name not in SERVICES:
         raise InfraError(f"unknown service {name!r}; the services are {', '.join(SERVICES)}")
     env = {**service_env(cfg), **redis_env(cfg, name), **(extra_env or {})}
+    if name == "control":
+        env = {**env, **dashboard_env(cfg), **(extra_env or {})}
     ensure_pki(cfg.pki_dir)  # certificates that are missing or about to expire; the rest stay
     return procs.start_process(
         process or name, [sys.executable, "-m", f"services.{name}"], cfg.run_dir, env=env, cwd=ROOT

@@ -12,8 +12,10 @@ import sys
 
 import uvicorn
 from opentelemetry.trace import Tracer
+from prometheus_client import REGISTRY
 
 from services.control.api import create_app
+from services.control.monitoring import FreshnessTargets
 from services.control.settings import ControlSettings
 from shared.service import Wiring, run_service
 from shared.tls import TlsIdentity
@@ -26,6 +28,8 @@ class ControlService:
 
     def __init__(self, settings: ControlSettings, tracer: Tracer, tls: TlsIdentity | None) -> None:
         app = create_app(settings, tracer=tracer, tls=tls)
+        # The alert rules compare each job's result freshness with its target, exported here.
+        REGISTRY.register(FreshnessTargets(lambda: app.state.plane.jobs))
         config = uvicorn.Config(app, host=settings.bind_host, port=settings.port, log_level="warning")
         self.server = uvicorn.Server(config)
 

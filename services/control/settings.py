@@ -22,6 +22,7 @@ from shared.settings import BaseServiceSettings, tuning_field
 class Scope(StrEnum):
     READ = "read"
     WRITE = "write"
+    ALERTS = "alerts"  # Alertmanager's: post alerts to the webhook receiver, nothing else
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,8 @@ class ControlSettings(BaseServiceSettings):
     )
     tokens: dict[SecretStr, list[Scope]] = Field(
         default_factory=dict,
-        description='bearer tokens and their scopes (JSON), e.g. `{"<token>": ["read", "write"]}`; '
+        description="bearer tokens and their scopes (`read`, `write`, `alerts`: Alertmanager's webhook) "
+        '(JSON), e.g. `{"<token>": ["read", "write"]}`; '
         "empty: reads are open and every change is refused",
     )
     auth_disabled: bool = Field(False, description="every endpoint open without a token (local demos only)")

@@ -44,7 +44,7 @@ from shared.kafka import (
     ensure_topics,
     partition_names,
 )
-from shared.metrics import PROCESSING_LATENCY, WATERMARK_LAG_MS
+from shared.metrics import BATCH_STAGE, PROCESSING_LATENCY, WATERMARK_LAG_MS
 from shared.watchdog import CallWatchdog
 
 log = logging.getLogger(__name__)
@@ -402,7 +402,9 @@ class Ingest:
         receipts.end()  # a traced record's receive span lasts until its transaction committed
         elapsed = time.perf_counter() - started
         for topic in routed.topics():
-            PROCESSING_LATENCY.labels(SERVICE, topic).observe(elapsed)
+            PROCESSING_LATENCY.labels(SERVICE, topic, BATCH_STAGE).observe(elapsed)
+            PROCESSING_LATENCY.labels(SERVICE, topic, "route").observe(routed.route_s)
+            PROCESSING_LATENCY.labels(SERVICE, topic, "commit").observe(routed.commit_s)
         return routed.stats()
 
     def _abort(

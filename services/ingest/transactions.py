@@ -19,6 +19,7 @@ from services.ingest.isolation import RECORD_ERRORS
 from services.ingest.packing import ANY_PARTITION
 from services.ingest.settings import KAFKA_TIMEOUT_S, MAX_MESSAGE_BYTES, IngestSettings
 from shared.kafka import first_offsets
+from shared.metrics import backpressure
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,12 @@ class Transactions:
             return
         except BufferError:
             pass
+        with backpressure("ingest").blocked():
+            self._wait_for_room(topic, key, value, headers, partition)
+
+    def _wait_for_room(
+        self, topic: str, key: bytes | None, value: bytes | None, headers: Headers | None, partition: int
+    ) -> None:
         # Still full after the transaction's own timeout: abort, and the batch is read again.
         deadline = time.monotonic() + self._queue_wait_s
         while True:
@@ -98,6 +105,10 @@ class Transactions:
 
     def commit(self, offsets: list[TopicPartition], consumer: Consumer) -> None:
         """Add the consumed offsets (fenced by the group generation, KIP-447) and commit."""
+        with backpressure("ingest").blocked():
+            self._commit(offsets, consumer)
+
+    def _commit(self, offsets: list[TopicPartition], consumer: Consumer) -> None:
         _retrying(
             lambda: self.producer.send_offsets_to_transaction(
                 offsets, consumer.consumer_group_metadata(), KAFKA_TIMEOUT_S

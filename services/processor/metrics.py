@@ -29,6 +29,7 @@ from services.processor.tracing import SPARK_OBSERVATION, spark_progress_times
 from shared import constants
 from shared.clock import wall_clock_ms
 from shared.metrics import (
+    BATCH_STAGE,
     CHECKPOINT_DURATION,
     CONSUMER_LAG,
     LATE_EVENTS,
@@ -36,6 +37,7 @@ from shared.metrics import (
     RECORDS_PROCESSED,
     STATE_SIZE,
     WATERMARK_LAG_MS,
+    backpressure,
 )
 from shared.tracing import record_batch_span
 
@@ -63,6 +65,13 @@ COMMIT_DURATION_MS = Gauge(
 )
 MALFORMED_ROWS = Counter(
     "processor_malformed_rows_total", "Rows of a .valid topic without a key or event time (skipped)", ["job"]
+)
+TASK_SLOTS = Gauge("processor_task_slots", "Task slots of the processor's Spark application")
+TASK_SLOTS_HELD = Gauge(
+    "processor_task_slots_held", "Task slots real-time jobs hold for as long as they run (the last count)"
+)
+SLOT_REFUSALS = Counter(
+    "processor_slot_refusals_total", "Jobs refused because the task slots they need are held", ["job"]
 )
 JOB_RESTARTS = Counter(
     "processor_job_restarts_total", "Failed queries restarted from their checkpoint", ["job"]
@@ -108,6 +117,11 @@ class BatchMetrics:
     consumer_lag_records: int
     malformed_rows: int
     timestamp_ms: int | None
+    # Parts of the batch (Spark's durationMs): asking Kafka for offsets and reading them, running
+    # the batch's plan (the sink write included), and writing the offset and commit logs.
+    read_ms: int = 0
+    process_ms: int = 0
+    log_commit_ms: int = 0
 
 
 def metrics_from_progress(progress: dict[str, Any]) -> BatchMetrics:
@@ -145,6 +159,9 @@ def metrics_from_progress(progress: dict[str, Any]) -> BatchMetrics:
         consumer_lag_records=sum(_lag(s) for s in progress.get("sources") or []),
         malformed_rows=malformed,
         timestamp_ms=_iso_ms(progress.get("timestamp")),
+        read_ms=int(durations.get("latestOffset") or 0) + int(durations.get("getBatch") or 0),
+        process_ms=int(durations.get("addBatch") or 0),
+        log_commit_ms=int(durations.get("walCommit") or 0) + int(durations.get("commitOffsets") or 0),
     )
 
 
@@ -190,7 +207,12 @@ class JobMetricsListener(StreamingQueryListener):
             totals.rows_dropped_by_watermark += m.rows_dropped_by_watermark
             totals.malformed_rows += m.malformed_rows
         RECORDS_PROCESSED.labels(SERVICE, job).inc(m.input_rows)
-        PROCESSING_LATENCY.labels(SERVICE, job).observe(m.batch_duration_ms / 1000)
+        PROCESSING_LATENCY.labels(SERVICE, job, BATCH_STAGE).observe(m.batch_duration_ms / 1000)
+        PROCESSING_LATENCY.labels(SERVICE, job, "read").observe(m.read_ms / 1000)
+        PROCESSING_LATENCY.labels(SERVICE, job, "process").observe(m.process_ms / 1000)
+        PROCESSING_LATENCY.labels(SERVICE, job, "commit").observe(m.log_commit_ms / 1000)
+        # The driver waits on Kafka for the offsets of the next batch and for its records.
+        backpressure(SERVICE).add(m.read_ms / 1000)
         CHECKPOINT_DURATION.labels(SERVICE, job).observe(m.commit_duration_ms / 1000)
         STATE_SIZE.labels(SERVICE, job).set(m.state_memory_bytes)
         CONSUMER_LAG.labels(SERVICE, job).set(m.consumer_lag_records)

@@ -45,7 +45,7 @@ from shared.kafka import (
     is_record,
     partition_names,
 )
-from shared.metrics import PROCESSING_LATENCY, RECORDS_PROCESSED
+from shared.metrics import BATCH_STAGE, PROCESSING_LATENCY, RECORDS_PROCESSED, backpressure
 from shared.redis_client import NotReplicated, redis_client, wait_for_replicas
 from shared.settings import redacted_url
 from shared.tracing import sampled_traceparent
@@ -232,7 +232,11 @@ class Sink:
             due_s = self._last_commit + s.commit_interval_s - self._clock()
             wait_s = min(wait_s, max(0.0, due_s))
         # While paused this returns nothing but keeps the group membership (max.poll.interval.ms).
+        paused_at = time.perf_counter() if self._paused else None
         msgs = consume_batch(consumer, t.batch_max_records, wait_s, t.batch_linger_ms / 1000)
+        meter = backpressure(SERVICE)
+        if paused_at is not None:  # consumption held back until Redis takes writes again
+            meter.add(time.perf_counter() - paused_at)
         records = [msg for msg in msgs if is_record(msg)]
         started = time.perf_counter()
         try:
@@ -244,6 +248,7 @@ class Sink:
         self._dead_letters.check()
         if self._paused and self._clock() < self._retry_at:
             return len(records)
+        absorbed = time.perf_counter()
         try:
             self._flusher.write_evicted("eviction")
             if self._clock() - self._last_commit >= s.commit_interval_s:
@@ -255,11 +260,16 @@ class Sink:
         except redis.RedisError as e:
             self._on_redis_failure(e)
             return len(records)
+        finally:
+            # Writing to Redis and committing to Kafka: the sink waits on what is downstream of it.
+            meter.add(time.perf_counter() - absorbed)
         if self._paused and not self._over_unreplicated_budget():
             self._resume()
-        elapsed = time.perf_counter() - started
+        done = time.perf_counter()
         for job in jobs:
-            PROCESSING_LATENCY.labels(SERVICE, job).observe(elapsed)
+            PROCESSING_LATENCY.labels(SERVICE, job, BATCH_STAGE).observe(done - started)
+            PROCESSING_LATENCY.labels(SERVICE, job, "absorb").observe(absorbed - started)
+            PROCESSING_LATENCY.labels(SERVICE, job, "write").observe(done - absorbed)
         return len(records)
 
     def _absorb(self, records: list[Message]) -> set[str]:

@@ -125,6 +125,7 @@ class CacheFlusher:
         m.FLUSHES.labels(reason).inc()
         for job, of_job in by_job.items():
             m.REDIS_WRITES.labels(job).inc(len(of_job))
+            m.LAST_WRITE.labels(job).set_to_current_time()
             self.written[job] += len(of_job)
             m.WRITE_REDUCTION_RATIO.labels(job).set(self.received[job] / self.written[job])
         for job, n in Counter(entries[i].result.job_id for i in outcome.stale).items():

@@ -25,6 +25,10 @@ FLUSHES = Counter(
     "Writes of cached updates to Redis, by why (commit, eviction, revocation, shutdown)",
     ["reason"],
 )
+# Results stay fresh while this moves; the alert rules compare its age with the job's target.
+LAST_WRITE = Gauge(
+    "sink_last_write_timestamp_seconds", "When the sink last wrote a result of the job to Redis", ["job"]
+)
 CACHE_BYTES = Gauge("sink_cache_bytes", "Bytes held by the record cache (serialized records)")
 CACHE_ENTRIES = Gauge("sink_cache_entries", "Windows with an unwritten update in the record cache")
 REDIS_ERRORS = Counter("sink_redis_errors_total", "Failed Redis writes (each one is retried)")

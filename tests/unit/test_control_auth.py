@@ -73,7 +73,7 @@ def test_tuning_comes_from_sf_control_tuning(monkeypatch: pytest.MonkeyPatch) ->
     [
         ({"tokens": {"short": ["read"]}}, "at least 8 characters"),
         ({"tokens": {"long-enough-1": []}}, "at least one scope"),
-        ({"tokens": {"long-enough-1": ["admin"]}}, "'read' or 'write'"),
+        ({"tokens": {"long-enough-1": ["admin"]}}, "'read', 'write' or 'alerts'"),
         (
             {"tuning_overrides": {"heartbeat_interval_ms": 1000}, "heartbeat_timeout_ms": 900},
             "must exceed heartbeat_interval_ms",

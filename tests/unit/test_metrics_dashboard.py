@@ -86,3 +86,15 @@ def test_the_router_serves_a_self_contained_page() -> None:
     # Nothing is loaded from elsewhere: only loopback is reachable where it runs.
     for outside in ("http://", "https://", "//cdn", "<link ", "src="):
         assert outside not in page, outside
+
+
+def test_only_the_whole_batch_stage_counts_as_latency() -> None:
+    reg = CollectorRegistry()
+    h = Histogram(
+        "processing_latency_seconds", "x", ["service", "job", "stage"], buckets=(0.1, 1.0), registry=reg
+    )
+    h.labels("sink", "views", "batch").observe(0.5)
+    h.labels("sink", "views", "write").observe(0.05)
+    parsed = _parse(generate_latest(reg).decode(), "sink")
+    assert parsed[("sink", "views")]["latency_count"] == 1
+    assert parsed[("sink", "views")]["latency_sum"] == 0.5

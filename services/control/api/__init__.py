@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from opentelemetry import trace
 
 from services.control import dashboard
-from services.control.api.routes import cluster, health, jobs, services
+from services.control.api.routes import cluster, health, jobs, monitoring, services
 from services.control.dashboard.settings import DashboardSettings
 from services.control.errors import ControlError, NotLeader
 from services.control.plane import ControlPlane
@@ -78,7 +78,8 @@ def create_app(
             headers = {"Retry-After": "1", constants.CONTROL_LEADER_HEADER: exc.leader_api_url}
         return JSONResponse({"detail": str(exc)}, status_code=exc.http_status, headers=headers)
 
-    for router in (health.router, jobs.router, services.router, cluster.router, dashboard.router):
+    routers = (health.router, jobs.router, services.router, cluster.router, monitoring.router)
+    for router in (*routers, dashboard.router):
         app.include_router(router)
     app.state.dashboard_sources = _dashboard_sources(control)
 
@@ -125,6 +126,7 @@ def _dashboard_sources(control: ControlPlane) -> dashboard.DashboardSources:
         metrics_urls=metrics_urls,
         redis=control.redis,
         aliases=aliases,
+        prometheus=configured.prometheus(),
     )
 
 

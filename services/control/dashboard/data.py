@@ -1,7 +1,9 @@
-"""What the dashboard shows: per-job numbers scraped from the services' /metrics, and the latest windows.
+"""What the dashboard shows: per-job numbers, the instances, checkpoints, backpressure and alerts, and
+the latest windows.
 
-Throughput and latency are rates over the interval between two scrapes (the counters and histograms
-are cumulative), so the sources object keeps the previous scrape; one dashboard, one history.
+With Prometheus (``DashboardSources.prometheus``) every number and the throughput history come from
+its query API (prometheus.py). Without one, the numbers are scraped from the services' /metrics and
+rates taken over the interval between two scrapes, so the sources object keeps the previous scrape.
 """
 
 from __future__ import annotations
@@ -18,12 +20,15 @@ import httpx
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
+from services.control.dashboard.prometheus import PrometheusApi, read
 from services.control.errors import StoreUnavailable
+from services.control.monitoring import AlertStore
 from services.control.results import read_results
-from services.control.store import JobStore
+from services.control.store import InstanceStore, JobStore
 from shared import constants
 from shared.clock import wall_clock_ms
 from shared.jobstate import ACTIVE_STATES
+from shared.metrics import BATCH_STAGE
 
 # Interval rates need two scrapes at least this far apart; closer polls reuse the last rates.
 MIN_RATE_INTERVAL_S = 0.5
@@ -61,6 +66,7 @@ class DashboardSources:
 
     metrics_urls: Callable[[], Mapping[str, str]] | Mapping[str, str]
     redis: redis.Redis
+    prometheus: PrometheusApi | None = None  # when set, metrics_urls is not scraped
     jobs: tuple[str, ...] = ()  # jobs to show even before they have numbers (others are discovered)
     # Metric `job` labels that name a job differently (ingest labels by raw topic): label -> job id.
     # Called on every refresh when callable, like metrics_urls (control derives it from its job store).
@@ -110,8 +116,8 @@ def _parse(text: str, service: str) -> dict[tuple[str, str], dict[str, Any]]:
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             name, labels = s.name, s.labels
-            if "job" not in labels:
-                continue
+            if "job" not in labels or labels.get("stage", BATCH_STAGE) != BATCH_STAGE:
+                continue  # a part of a batch's latency: the whole batch's is what the page shows
             entry = out.setdefault((labels.get("service", service), labels["job"]), {"buckets": {}})
             if name in _COUNTERS:
                 field_name = _COUNTERS[name]
@@ -241,8 +247,54 @@ def _merge(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return merged
 
 
+async def _from_prometheus(
+    sources: DashboardSources,
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """Per job and service rows (as the scrape path makes them), the rest of Prometheus' numbers, and
+    the source's status."""
+    api = sources.prometheus
+    assert api is not None
+    status = {"prometheus": {"url": api.url, "ok": True, "error": None}}
+    try:
+        got = await read(api)
+    except (httpx.HTTPError, KeyError, ValueError) as e:
+        status["prometheus"] = {"url": api.url, "ok": False, "error": f"{type(e).__name__}: {e}"}
+        return {}, {}, status
+    aliases = sources.label_aliases()
+    rows: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for label, by_service in got.pop("per_job").items():
+        for svc, row in by_service.items():
+            rows.setdefault(aliases.get(label, label), {}).setdefault(svc, []).append(row)
+    per_job = {job: {svc: _merge(r) for svc, r in by_svc.items()} for job, by_svc in rows.items()}
+    got["history"] = {aliases.get(k, k): v for k, v in got["history"].items()}
+    return per_job, got, status
+
+
+def _registry_and_alerts(client: redis.Redis, measured: Mapping[str, Any]) -> dict[str, Any]:
+    """The instances control's registry lists (with Prometheus' up and backpressure), and the alerts."""
+    instances = []
+    for i in sorted(InstanceStore(client).list(), key=lambda i: (i.service, i.instance_id)):
+        numbers = measured.get(i.instance_id, {})
+        instances.append(
+            {
+                "service": i.service,
+                "instance_id": i.instance_id,
+                "address": f"{i.host}:{i.metrics_port}" if i.metrics_port else i.target,
+                "health": i.health,
+                "up": numbers.get("up"),
+                "backpressure_ratio": numbers.get("backpressure_ratio"),
+                "cpu_percent": i.load.get("cpu_percent"),
+                "rss_bytes": i.load.get("rss_bytes"),
+            }
+        )
+    alerts = AlertStore(client).list()
+    return {"instances": instances, "alerts": alerts[:50]}
+
+
 async def collect(sources: DashboardSources, now: float | None = None) -> dict[str, Any]:
     """The JSON of GET /dashboard/data."""
+    if sources.prometheus is not None:
+        return await _finish(sources, *await _from_prometheus(sources))
     # One scrape per endpoint, even when two names (configured, registered) point at it.
     first_name: dict[str, str] = {}
     for name, url in sources.urls().items():
@@ -281,8 +333,17 @@ async def collect(sources: DashboardSources, now: float | None = None) -> dict[s
                         row[name] = values[name]
                 rows.setdefault(job, {}).setdefault(svc, []).append(row)
     per_job = {job: {svc: _merge(r) for svc, r in by_svc.items()} for job, by_svc in rows.items()}
+    return await _finish(sources, per_job, {}, status)
 
+
+async def _finish(
+    sources: DashboardSources,
+    per_job: dict[str, dict[str, Any]],
+    measured: dict[str, Any],
+    status: dict[str, dict[str, Any]],
+) -> dict[str, Any]:
     redis_error = None
+    extra: dict[str, Any] = {"instances": [], "alerts": []}
     windows: dict[str, Any] = {}
     try:
         active, ended = await asyncio.to_thread(_control_jobs, sources.redis)
@@ -292,6 +353,7 @@ async def collect(sources: DashboardSources, now: float | None = None) -> dict[s
             windows[job] = await asyncio.to_thread(
                 latest_windows, sources.redis, job, sources.windows, sources.max_keys
             )
+        extra = await asyncio.to_thread(_registry_and_alerts, sources.redis, measured.get("instances", {}))
     except (redis.RedisError, StoreUnavailable) as e:
         redis_error = f"{type(e).__name__}: {e}"
         job_ids = set(per_job) | set(sources.jobs)
@@ -311,6 +373,8 @@ async def collect(sources: DashboardSources, now: float | None = None) -> dict[s
                 "late_events_total": sum(s.get("late_events_total", 0.0) for s in services.values()),
                 "services": services,
                 "windows": windows.get(job),
+                "checkpoints": measured.get("checkpoints", {}).get(job),
+                "history": measured.get("history", {}).get(job),
             }
         )
     return {
@@ -318,6 +382,7 @@ async def collect(sources: DashboardSources, now: float | None = None) -> dict[s
         "sources": status,
         "redis": {"ok": redis_error is None, "error": redis_error},
         "jobs": jobs,
+        **extra,
     }
 
 

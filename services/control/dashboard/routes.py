@@ -35,6 +35,7 @@ def sources_of(request: Request) -> DashboardSources:
             metrics_urls=s.metrics_urls,
             redis=redis_client(s, timeout_s=2),
             aliases=s.aliases,
+            prometheus=s.prometheus(),
         )
         state.dashboard_sources = sources
     return sources

@@ -24,6 +24,7 @@ from services.processor.jobs.columns import ROWS
 from services.processor.jobs.plan import Plan, build_plan
 from services.processor.jobs.records import to_window_results
 from services.processor.jobs.versions import BATCH_VERSIONS, ROW_VERSIONS, version_column, version_of
+from services.processor.metrics import SLOT_REFUSALS, TASK_SLOTS, TASK_SLOTS_HELD
 from services.processor.spark.scheduler import STOPPED_TASKS_TIMEOUT_S, await_tasks
 from shared.errors import SpecError
 from shared.jobspec import JobSpec
@@ -200,10 +201,14 @@ def check_task_slots(spec: JobSpec, others: list[JobSpec], slots: int, bootstrap
     wait forever and starve the micro-batch jobs."""
     held = sum(realtime_slots(o, bootstrap) for o in others)
     needed = realtime_slots(spec, bootstrap)
+    TASK_SLOTS.set(slots)
     if held + needed > slots:
+        TASK_SLOTS_HELD.set(held)
+        SLOT_REFUSALS.labels(spec.id).inc()
         raise SpecError(
             f"job {spec.id}: real-time mode holds {needed} task slot(s) for as long as it runs (one per "
             f"source partition{', plus one for the window state' if spec.kind == 'windowed' else ''}); "
             f"this processor has {slots} and other real-time jobs hold {held}. Use trigger_mode "
             "micro_batch, fewer partitions, or more slots (SF_PROCESSOR_SPARK_MASTER=local[N])"
         )
+    TASK_SLOTS_HELD.set(held + needed)

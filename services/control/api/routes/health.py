@@ -9,6 +9,7 @@ from fastapi import APIRouter, Response
 from fastapi.concurrency import run_in_threadpool
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+import shared.metrics  # noqa: F401  # the design's shared families, on every service's /metrics
 from services.control.api.deps import PlaneDep, SettingsDep
 from shared.kafka import check_metadata
 
