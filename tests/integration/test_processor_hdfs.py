@@ -21,11 +21,13 @@ from services.processor.jobs.versions import split_version
 from services.processor.metrics import JobMetricsListener
 from services.processor.settings import ProcessorSettings
 from services.processor.state.storage import HadoopStorage, join
+from shared.fences import Fence, fence_of
 from shared.jobspec import parse_job_spec
 from shared.jobstate import JobState
 from shared.kafka import ensure_topics
 from tests.integration.test_processor import spark  # noqa: F401  (the shared session fixture)
 from tests.integration.test_processor_jobs import BASE, catch_up, counts, events, newest, send, spec_json
+from tests.kafka_util import read_all
 
 pytestmark = pytest.mark.integration
 WINDOW_MS = 10_000
@@ -151,6 +153,12 @@ def test_a_takeover_fences_the_processor_that_still_runs_the_job(
     assert b.get(unique).epoch == 1
     checkpoints = b.checkpoints(unique)
     assert checkpoints.live() == 1 and not checkpoints.is_live(0)
+    # ... and fenced the job's output: each partition says epoch 1 from here on, for the sink.
+    fences = [(m.partition(), fence_of(m.headers())) for m in read_all(kafka_bootstrap, out)]
+    assert sorted((p, f) for p, f in fences if f is not None) == [
+        (0, Fence(unique, 1)),
+        (1, Fence(unique, 1)),
+    ]
     # A, still running, gets more: its next batch's offset log entry would go under epoch-0, which is
     # gone, and Spark's FileContext manager creates no parents there: the query fails, no ghost left.
     send(kafka_bootstrap, topic, part2)

@@ -44,6 +44,7 @@ from services.processor.warmup.startup import Warmed, records_read, warm_up
 from services.processor.warmup.synthetic import BACKLOG_PACK_EVENTS
 from services.processor.warmup.topics import TOPIC_PREFIX
 from shared import constants
+from shared.fences import fence_of
 from shared.grpc_server import HealthServedGrpcServer
 from shared.jobspec import JobSpec, parse_job_spec, with_id
 from shared.kafka import admin, ensure_topics
@@ -122,6 +123,8 @@ def send(bootstrap: str, topic: str, rows: list[dict[str, object]]) -> None:
 def newest(bootstrap: str, topic: str, job_id: str) -> dict[tuple[str, int], WindowResult]:
     out: dict[tuple[str, int], WindowResult] = {}
     for m in read_all(bootstrap, topic):
+        if fence_of(m.headers()) is not None:  # a takeover's fence (shared/fences.py), no result
+            continue
         r = WindowResult.from_json(m.value())
         if r.job_id == job_id and (
             (r.key, r.window_start) not in out or r.version > out[r.identity[1:]].version

@@ -33,6 +33,7 @@ from services.processor.errors import (
 )
 from services.processor.jobs import savepoints
 from services.processor.jobs.claim import claim_checkpoint
+from services.processor.jobs.fence import publish_fence
 from services.processor.jobs.ledger import LedgerEntry
 from services.processor.jobs.plan import Plan, build_plan
 from services.processor.jobs.query import check_real_time_interval, check_task_slots, start_query, stop_query
@@ -209,8 +210,11 @@ class JobRunner:
 
     def _took_over(self, spec: JobSpec, epoch: int) -> None:
         """Called right after this processor renamed the job's checkpoint to ``epoch``: from here no
-        other processor can commit into it. The place to fence what the old owner may still write."""
+        other processor can commit into it. What the old owner may still write to the output topic is
+        fenced off for the sink; other jobs' outputs are read by users, who get no fence records."""
         log.info("job %s: took its checkpoint over in epoch %d", spec.id, epoch)
+        if spec.kind == "windowed":
+            publish_fence(self.settings.kafka_bootstrap, spec.output_topic, spec.id, epoch)
 
     def _run(self, job: HostedJob, plan: Plan | None = None) -> None:
         spec = job.spec
