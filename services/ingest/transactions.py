@@ -98,6 +98,11 @@ class Transactions:
 
     def commit(self, offsets: list[TopicPartition], consumer: Consumer) -> None:
         """Add the consumed offsets (fenced by the group generation, KIP-447) and commit."""
+        if not offsets:  # a silent stream's advance on partitions never committed before
+            _retrying(
+                lambda: self.producer.commit_transaction(KAFKA_TIMEOUT_S), self._guard, "commit_transaction"
+            )
+            return
         _retrying(
             lambda: self.producer.send_offsets_to_transaction(
                 offsets, consumer.consumer_group_metadata(), KAFKA_TIMEOUT_S
