@@ -178,9 +178,10 @@ class StreamWatermark:
     # --- silence ----------------------------------------------------------------------------------
     def due_advance(self, topic: str, now_ms: int, interval_ms: int) -> Advance | None:
         """The advance to write now, if every partition has been silent for the idle policy's first
-        timeout: event time goes on from the last event time seen as processing time does, never past
-        now (a fresh event could not be later), until every window is behind it. One every
-        ``interval_ms`` at most; None when not due."""
+        timeout and the last event arrived within that timeout of its event time (a live stream):
+        event time goes on from the last event time seen as processing time does, never past now (a
+        fresh event could not be later), until every window is behind it. One every ``interval_ms``
+        at most; None when not due."""
         idle = self.idle
         parts = [*self.owned.values(), *self.remote.values()]
         if idle.first_ms <= 0 or not self.owned:
@@ -191,6 +192,8 @@ class StreamWatermark:
         if silent < idle.first_ms or not events:
             return None
         last = max(events)
+        if seen - last > idle.first_ms:
+            return None  # events that arrived this far behind their time: a replay, whose pauses say nothing
         event_time = min(last + silent, max(last, now_ms))
         done = self.advanced
         if done is not None and done[0] == seen:

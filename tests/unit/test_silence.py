@@ -34,6 +34,13 @@ def test_no_advance_while_one_partition_still_has_events() -> None:
         assert w.due_advance("s", now, INTERVAL) is None
 
 
+def test_a_replay_never_advances_on_its_own() -> None:
+    """Events that arrived long after their event time: a pause in a replay says nothing about time."""
+    w = silent_stream()
+    w.observe(0, T0 - 3_600_000, T0)
+    assert all(w.due_advance("s", T0 + t, INTERVAL) is None for t in range(0, 120_000, 500))
+
+
 def test_a_silent_stream_follows_processing_time_from_its_last_event_never_past_now() -> None:
     w = silent_stream()
     w.observe(0, T0 - 400, T0)
