@@ -159,10 +159,21 @@ class Job:
         """``tumbling("10s")``, ``sliding("30s", "10s")`` or ``session("5s")``."""
         return self._with(window=dict(window))
 
-    def watermark(self, max_out_of_orderness: Duration, allowed_lateness: Duration = 0) -> Job:
-        return self._with(
-            watermark={"max_out_of_orderness": max_out_of_orderness, "allowed_lateness": allowed_lateness}
-        )
+    def watermark(
+        self,
+        max_out_of_orderness: Duration,
+        allowed_lateness: Duration = 0,
+        idle_timeout: Duration | None = None,
+    ) -> Job:
+        """``idle_timeout``: how long every partition of the stream stays silent before event time
+        follows processing time (None: the out-of-orderness bound; 0: never)."""
+        watermark: dict[str, Any] = {
+            "max_out_of_orderness": max_out_of_orderness,
+            "allowed_lateness": allowed_lateness,
+        }
+        if idle_timeout is not None:
+            watermark["idle_timeout"] = idle_timeout
+        return self._with(watermark=watermark)
 
     def aggregate(self, *aggregations: dict[str, Any]) -> Job:
         return self._with(aggregations=[*self._spec.get("aggregations", []), *aggregations])

@@ -7,7 +7,8 @@ ingest read them, without a record key, in the partition their keys map to (``pa
 pack, or packing off: ``SF_INGEST_VALID_PACK_BYTES=0``). An object without ``__key`` has the record's
 key. Packs exist because Spark's fixed cost per Kafka record (its row, a JSON parser set up per
 ``from_json`` call) outweighs parsing an event; the processor reads both forms with one ``from_json``
-(services/processor/jobs/source.py, read_source).
+(services/processor/jobs/source.py, read_source). A record may also be **a watermark advance**
+(``advance_record``): no event, the event time a silent stream has reached; event counts skip it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import orjson
 PACK_KEY_FIELD = "__key"
 _KEY_PREFIX = b'{"' + PACK_KEY_FIELD.encode() + b'":'
 PACK_FRAMING_BYTES = 2  # "[" and "]"; each element after the first adds a ","
+# In a watermark advance: how long (ms) every partition of the stream had been silent.
+ADVANCE_FIELD = "__silent_ms"
 
 
 def packed_event(key: str, event: bytes) -> bytes:
@@ -40,12 +43,20 @@ def partition_for(key: str, partitions: int) -> int:
     return zlib.crc32(key.encode()) % partitions
 
 
+def advance_record(event_time_field: str, event_time_ms: int, silent_ms: int) -> bytes:
+    """A watermark advance: the stream's event time has reached ``event_time_ms`` after ``silent_ms``
+    of silence on all its partitions (services/ingest/silence.py). It has no key and no event."""
+    return orjson.dumps({ADVANCE_FIELD: silent_ms, event_time_field: event_time_ms})
+
+
 def events_of(key: bytes | None, value: bytes | None) -> list[tuple[str | None, dict[str, Any]]]:
-    """Every (key, event) in a ``.valid`` record, in order, whichever form it has.
+    """Every (key, event) in a ``.valid`` record, in order, whichever form it has (none in an advance).
 
     For tools and tests that read ``.valid``; raises ValueError on a value that is neither form.
     """
     parsed = orjson.loads(value or b"null")
+    if isinstance(parsed, dict) and ADVANCE_FIELD in parsed:
+        return []  # a watermark advance holds no event
     if isinstance(parsed, dict):
         record_key = key.decode() if key is not None else None
         return [(parsed.pop(PACK_KEY_FIELD, record_key), parsed)]

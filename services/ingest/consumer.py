@@ -30,6 +30,7 @@ from services.ingest.settings import (
     PROGRESS_INTERVAL_MS,
     IngestSettings,
 )
+from services.ingest.silence import advance_silent_streams
 from services.ingest.streams import StreamDefinition, StreamsUpdate, family_topics, merge_streams
 from services.ingest.tracing import ReceiveSpans, RecordGate
 from services.ingest.transactions import Transactions, rewind, unguarded
@@ -242,6 +243,7 @@ class Ingest:
             w = self._watermark(topic)
             w.max_out_of_orderness_ms = d.watermark.max_out_of_orderness
             w.allowed_lateness_ms = d.watermark.allowed_lateness
+            w.idle = d.idle_policy()
         if resubscribe:
             self._subscribe()
             log.info("now ingesting %s", ", ".join(sorted(self.streams)) or "nothing")
@@ -303,7 +305,9 @@ class Ingest:
             except KafkaException as e:
                 log.warning("cannot rewind %s[%d] yet: %s", tp.topic, tp.partition, e.args[0])
                 continue
-            self._watermark(tp.topic).assign(tp.partition, restored, now)
+            self._watermark(tp.topic).assign(
+                tp.partition, restored, now, tp.offset if tp.offset >= 0 else None
+            )
             self._to_restore.discard((tp.topic, tp.partition))
         return not self._to_restore
 
@@ -315,6 +319,7 @@ class Ingest:
                 d.watermark.max_out_of_orderness,
                 d.watermark.allowed_lateness,
                 self.settings.tuning.idle_timeout_ms,
+                d.idle_policy(),
             )
             self.watermarks[topic] = w
         return w
@@ -340,13 +345,9 @@ class Ingest:
         if not self._between_batches():
             return BatchStats()
         rebalances = self._rebalances
-        t = self.settings.tuning
+        t, wait_s = self.settings.tuning, self.settings.tuning.batch_max_wait_ms / 1000
         msgs = consume_batch(
-            self._consumer,
-            t.batch_max_records,
-            t.batch_max_wait_ms / 1000,
-            t.batch_linger_ms / 1000,
-            not_before=self._next_transaction_at,
+            self._consumer, t.batch_max_records, wait_s, t.batch_linger_ms / 1000, self._next_transaction_at
         )
         # Selected before the rebalance check: a fatal consumer error raises even from a batch that is
         # dropped (librdkafka revokes the partitions as the consumer fails; a dropped error left
@@ -357,12 +358,10 @@ class Ingest:
             # restored and rewound to its committed offsets first (see _restore_assigned), so they
             # are read again, by whoever owns them now.
             return BatchStats()
-        if not records:
-            self._publish_watermarks()
-            return BatchStats()
-        stats = self._transact(self._isolate(records), rebalances)
+        stats = self._transact(self._isolate(records), rebalances) if records else BatchStats()
         if stats is None:
             return BatchStats()
+        self._advance_silent_streams()
         self._publish_watermarks()
         return stats
 
@@ -434,6 +433,12 @@ class Ingest:
     def _learn_valid_shapes(self, changed: Collection[str] = ()) -> None:
         """Ask for the shape of the streams' .valid topics not known yet and of those in ``changed``."""
         self._shapes.learn({d.source.valid_topic for d in self.streams.values()}, changed)
+
+    def _advance_silent_streams(self) -> None:
+        assert self._consumer is not None and self._pipeline is not None and self._transactions is not None
+        interval, now, streams = self.settings.tuning.silence_advance_interval_ms, self.now_ms(), self.streams
+        pipeline, transactions, consumer = self._pipeline, self._transactions, self._consumer
+        advance_silent_streams(pipeline, transactions, streams, self.watermarks, now, consumer, interval)
 
     def _publish_watermarks(self) -> None:
         now = self.now_ms()

@@ -4,6 +4,7 @@
 sends each to exactly one of ``<topic>.valid`` (packed), ``<topic>.late`` or ``<topic>.dlq``;
 ``Pipeline.commit`` adds the offsets, each carrying its partition's watermark progress in its
 metadata, and commits; ``Routed.count`` counts the batch in the metrics once it is committed.
+``Pipeline.advance`` writes silent streams' watermark advances (services/ingest/silence.py).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from services.ingest.deadletters import RECORD_OVERHEAD, fit, headers_size, too_
 from services.ingest.errors import FatalKafkaError
 from services.ingest.isolation import RECORD_ERRORS, Isolation
 from services.ingest.metrics import TRANSACTION_RECORDS, TRANSACTION_SECONDS
-from services.ingest.packing import Pack, Packer
+from services.ingest.packing import ANY_PARTITION, Pack, Packer
 from services.ingest.settings import MAX_MESSAGE_BYTES, IngestSettings
 from services.ingest.streams import StreamDefinition
 from services.ingest.tracing import ReceiveSpans, RecordGate
@@ -34,12 +35,12 @@ from services.ingest.validate import (
     Rejection,
     ValidEvent,
 )
-from services.ingest.watermark import StreamWatermark
+from services.ingest.watermark import Advance, StreamWatermark
 from shared import constants
 from shared.jobspec import Source
 from shared.kafka import dead_letter_headers_of
 from shared.metrics import DLQ_EVENTS, LATE_EVENTS, RECORDS_PROCESSED
-from shared.packs import PACK_FRAMING_BYTES, pack
+from shared.packs import PACK_FRAMING_BYTES, advance_record, pack
 
 log = logging.getLogger(__name__)
 SERVICE = "ingest"
@@ -269,10 +270,37 @@ class Pipeline:
         carrying its partition's watermark progress."""
         for w in watermarks.values():
             w.advance(now)
-        offsets = [
-            TopicPartition(t, p, o, watermarks[t].committed_progress(p).to_metadata())
-            for (t, p), o in routed.ends.items()
-        ]
+        offsets = []
+        for (t, p), o in routed.ends.items():
+            offsets.append(TopicPartition(t, p, o, watermarks[t].committed_progress(p).to_metadata()))
+            watermarks[t].owned[p].offset = o
+        self._transactions.commit(offsets, consumer)
+
+    def advance(
+        self,
+        advances: list[Advance],
+        streams: dict[str, StreamDefinition],
+        watermarks: dict[str, StreamWatermark],
+        now: int,
+        consumer: Consumer,
+    ) -> None:
+        """Write each silent stream's advance to every partition of its ``.valid`` topic and commit it
+        with the state of the stream's owned partitions, in one transaction; KafkaException: abort it."""
+        self._transactions.begin()
+        offsets: list[TopicPartition] = []
+        for a in advances:
+            source = streams[a.topic].source
+            value = advance_record(source.event_time.field, a.event_time_ms, a.silent_ms)
+            partitions, _ = self._valid_topic_shape(source.valid_topic)
+            for partition in range(partitions) if partitions else [ANY_PARTITION]:
+                self._transactions.produce(source.valid_topic, None, value, None, partition)
+            w = watermarks[a.topic]
+            w.apply_advance(a, now)
+            offsets += [
+                TopicPartition(a.topic, p, s.offset, w.committed_progress(p).to_metadata())
+                for p, s in w.owned.items()
+                if s.offset is not None
+            ]
         self._transactions.commit(offsets, consumer)
 
     def _validator(self, topic: str, source: Source) -> RecordValidator:

@@ -62,6 +62,9 @@ class IngestTuning:
     valid_pack_bytes: Annotated[int, Field(ge=0)] = 16_384
     # A partition without a record this long stops holding its stream's watermark back.
     idle_timeout_ms: Annotated[int, Field(ge=1)] = 30_000
+    # A silent stream's watermark advances are written at most this often: each is a transaction here
+    # and a batch in every job on the stream; windows close up to this much after they could.
+    silence_advance_interval_ms: Annotated[int, Field(ge=10, le=60_000)] = 1_000
     # HTTP answers 429 (retry after http_retry_after_s) while the group lags this many records behind
     # on the stream's raw topic.
     http_max_lag_records: Annotated[int, Field(ge=0)] = 1_000_000

@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from services.ingest.errors import StreamConfigError
+from services.ingest.watermark import IdlePolicy
 from shared.errors import SpecError
 from shared.jobspec import JobSpec, Source, Watermark, load_job_spec
 
@@ -27,6 +28,10 @@ class StreamDefinition(BaseModel):
 
     source: Source
     watermark: Watermark = Watermark()
+    # Per job reading the stream: its idle timeout (0: off); empty: the watermark's (a streams file).
+    idle_timeouts: tuple[int, ...] = ()
+    # How far past the last event time its jobs' windows reach, the watermark delay included.
+    horizon_ms: int = 0
 
     @property
     def topic(self) -> str:
@@ -35,7 +40,29 @@ class StreamDefinition(BaseModel):
     @classmethod
     def of_job(cls, spec: JobSpec) -> list[StreamDefinition]:
         """Every stream a job reads (a join reads two), each with the job's watermark."""
-        return [cls(source=source, watermark=spec.watermark) for source in spec.sources]
+        reach = spec.windowing.size if spec.windowing is not None else 0
+        return [
+            cls(
+                source=source,
+                watermark=spec.watermark,
+                idle_timeouts=(spec.watermark.idle_timeout_ms,),
+                horizon_ms=reach + spec.watermark.delay_ms,
+            )
+            for source in spec.sources
+        ]
+
+    def timeouts(self) -> tuple[int, ...]:
+        return self.idle_timeouts or (self.watermark.idle_timeout_ms,)
+
+    def idle_policy(self) -> IdlePolicy:
+        """When ingest advances the stream's event time while it is silent (watermark.IdlePolicy):
+        each job takes the advances past its own timeout; ingest's late rule, the most lenient job's."""
+        timeouts = self.timeouts()
+        on = [t for t in timeouts if t > 0]
+        if not on:
+            return IdlePolicy()
+        lenient = max(on) if len(on) == len(timeouts) else 0
+        return IdlePolicy(min(on), max(on), lenient, max(self.horizon_ms, self.watermark.delay_ms))
 
 
 @dataclass
@@ -97,7 +124,8 @@ def merge_streams(definitions: Iterable[StreamDefinition]) -> dict[str, StreamDe
     Several jobs may read one raw topic: their sources must agree (ingest normalises each record
     once), while their watermarks may differ. Ingest then applies the most lenient bounds, so it
     never sends to the late topic an event that one of the jobs would still accept; each job's
-    query applies its own watermark downstream.
+    query applies its own watermark downstream (and takes a silent stream's advances past its own
+    idle timeout).
     """
     merged: dict[str, StreamDefinition] = {}
     for d in definitions:
@@ -118,5 +146,7 @@ def merge_streams(definitions: Iterable[StreamDefinition]) -> dict[str, StreamDe
                 ),
                 allowed_lateness=max(seen.watermark.allowed_lateness, d.watermark.allowed_lateness),
             ),
+            idle_timeouts=(*seen.timeouts(), *d.timeouts()),
+            horizon_ms=max(seen.horizon_ms, seen.watermark.delay_ms, d.horizon_ms, d.watermark.delay_ms),
         )
     return merged

@@ -109,6 +109,11 @@ class Transactions:
             self._commit(offsets, consumer)
 
     def _commit(self, offsets: list[TopicPartition], consumer: Consumer) -> None:
+        if not offsets:  # a silent stream's advance on partitions never committed before
+            _retrying(
+                lambda: self.producer.commit_transaction(KAFKA_TIMEOUT_S), self._guard, "commit_transaction"
+            )
+            return
         _retrying(
             lambda: self.producer.send_offsets_to_transaction(
                 offsets, consumer.consumer_group_metadata(), KAFKA_TIMEOUT_S

@@ -71,7 +71,16 @@ class ProcessorSettings(BaseServiceSettings):
     job_specs: list[str] = Field(
         default_factory=list, description="job spec files started at start-up (besides the jobs it resumes)"
     )
-    spark_master: str = Field("local[2]", description="Spark master: `local[N]` or `spark://host:port`")
+    spark_master: str = Field(
+        "local[2]", description="Spark master: `local[N]` (N cores for micro-batches) or `spark://host:port`"
+    )
+    realtime_task_slots: int = Field(
+        8,
+        ge=0,
+        le=256,
+        description="task slots a `local[N]` master keeps beside its N cores for real-time jobs, whose "
+        "tasks run as long as a batch and mostly wait; 0: real-time jobs share the N",
+    )
     driver_memory: str = Field(
         "768m",
         description=f"the driver JVM's heap (and a local master's executor), with a unit; at least "

@@ -42,6 +42,9 @@ class SessionWindow(SpecModel):
         return self.gap
 
 
+# The default idle timeout is never shorter than this: a shorter gap is an ordinary pause between events.
+IDLE_TIMEOUT_FLOOR_MS = 1_000
+
 Window = Annotated[TumblingWindow | SlidingWindow | SessionWindow, Field(discriminator="type")]
 
 
@@ -57,12 +60,24 @@ class Watermark(SpecModel):
 
     The processor gives Spark one watermark delay, ``max_out_of_orderness + allowed_lateness``: a
     window closes (and ``on_window_close`` emits it) once the largest event time seen minus that delay
-    passes the window's end; an event whose every window has closed is dropped and counted.
+    passes the window's end; an event whose every window has closed is dropped and counted. A stream
+    silent for ``idle_timeout`` has its event time advanced by ingest (services/ingest/silence.py).
     """
 
     max_out_of_orderness: DurationMs = 5_000
     allowed_lateness: DurationMs = 0
+    # Once every partition of the stream has been silent this long, event time follows processing
+    # time from the last event time seen (never past now): windows close on a stream that stopped.
+    # None: the out-of-orderness bound, at least IDLE_TIMEOUT_FLOOR_MS; 0: never.
+    idle_timeout: DurationMs | None = None
 
     @property
     def delay_ms(self) -> int:
         return self.max_out_of_orderness + self.allowed_lateness
+
+    @property
+    def idle_timeout_ms(self) -> int:
+        """How long a silent stream waits before its event time follows processing time; 0: never."""
+        if self.idle_timeout is None:
+            return max(self.max_out_of_orderness, IDLE_TIMEOUT_FLOOR_MS)
+        return self.idle_timeout

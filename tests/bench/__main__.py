@@ -8,7 +8,7 @@
     python -m tests.bench --part ingest      # one part in this process (to profile it), no report
 
 The report's parts (tests/bench/bench_<part>.py, in this order): kafka, ingest, spark, pipeline,
-freshness, recovery, memory, faust. The component benches (processor, sink, sink_faust, tracing,
+freshness, recovery, memory, silence, faust. The component benches (processor, sink, sink_faust, tracing,
 startup, wire, commits, checkpoints, cleanup) measure one piece each, on their own broker where they need one,
 and are not in the report.
 
@@ -38,7 +38,17 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 OUT = HERE.parents[1] / ".run" / "bench"
 RESULTS = HERE / "RESULTS.md"
-REPORT_PARTS = ("kafka", "ingest", "spark", "pipeline", "freshness", "recovery", "memory", "faust")
+REPORT_PARTS = (
+    "kafka",
+    "ingest",
+    "spark",
+    "pipeline",
+    "freshness",
+    "recovery",
+    "memory",
+    "silence",
+    "faust",
+)
 COMPONENT_BENCHES = (
     "processor",
     "sink",

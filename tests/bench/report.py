@@ -177,6 +177,7 @@ def markdown(parts: dict[str, Part], commit: str) -> str:
         _freshness_md(parts.get("freshness"))
         + _recovery_md(parts.get("recovery"))
         + _memory_md(parts.get("memory"))
+        + _silence_md(parts.get("silence"))
     )
     loads = [
         f"{name} {p['load_average_1m']['start']}-{p['load_average_1m']['end']}"
@@ -336,6 +337,23 @@ def _memory_md(part: Part | None) -> list[str]:
         "",
     ]
     return out
+
+
+def _silence_md(part: Part | None) -> list[str]:
+    out = ["### A silent stream's last windows (window end → its final result in Redis)", ""]
+    if part is None or "error" in part:
+        return [*out, "not run" if part is None else f"failed: {part['error']}", ""]
+    checked = "exact" if part.get("exact") else "**NOT exact**"
+    return [
+        *out,
+        "| idle timeout | out-of-orderness | worst after the end | after the end + out-of-orderness "
+        "| after the stream's end | checked |",
+        "|---:|---:|---:|---:|---:|---|",
+        f"| {part.get('idle_timeout_ms')} ms | {part.get('max_out_of_orderness_ms')} ms "
+        f"| {part.get('worst_after_end_s')} s | {part.get('worst_after_end_plus_ooo_s')} s "
+        f"| {part.get('worst_after_stream_end_s')} s | {checked}, {part.get('windows')} windows |",
+        "",
+    ]
 
 
 # --- the chart ------------------------------------------------------------------------------------
@@ -586,6 +604,8 @@ def target_lines(parts: dict[str, Part]) -> list[str]:
         if v:
             restarts.append((f"{name} ", f"{s} s" if _num(s) else None, v.get("exact"), _within(s, high=10)))
     total = (memory or {}).get("stack_total_mb")
+    silence = parts.get("silence")
+    late = (silence or {}).get("worst_after_end_plus_ooo_s")
     return [
         _target(
             "end to end, 1M burst: ≥ 100,000 events/s count only, ≥ 60,000 all nine aggregates",
@@ -602,6 +622,19 @@ def target_lines(parts: dict[str, Part]) -> list[str]:
         _target("micro-batch freshness at 10,000 events/s: p99 ≤ 1.5 s", fresh, "freshness", micro),
         _target(
             "recovery after a processor SIGKILL: fresh again within 10 s", recovery, "recovery", restarts
+        ),
+        _target(
+            "a silent stream's last window final within 5 s after its end plus the out-of-orderness",
+            silence,
+            "silence",
+            [
+                (
+                    "",
+                    f"{late} s after the end plus the out-of-orderness" if _num(late) else None,
+                    (silence or {}).get("exact"),
+                    _within(late, high=5),
+                )
+            ],
         ),
         _target(
             f"resident memory with 100,000 active windows: ≤ 2 GiB ({TWO_GIB_MB:,} MiB)",

@@ -25,11 +25,17 @@ from services.processor.jobs.runner import JobRunner
 from services.processor.jobs.versions import split_version
 from services.processor.metrics import JobMetricsListener
 from services.processor.settings import ProcessorSettings
-from services.processor.spark.session import REALTIME_SHUFFLE_FLUSH, ROCKSDB_PROVIDER, STATE_CLEANUP_PER_ROW
+from services.processor.spark.session import (
+    REALTIME_SHUFFLE_FLUSH,
+    ROCKSDB_PROVIDER,
+    STATE_CLEANUP_PER_ROW,
+    realtime_task_slots,
+)
 from shared.errors import SpecError
 from shared.jobspec import JobSpec, every_aggregation
 from shared.jobstate import JobState
 from shared.kafka import ensure_topics
+from shared.packs import advance_record
 from shared.records import WindowResult
 from tests.integration.test_processor import spark  # noqa: F401  (the shared session fixture)
 from tests.kafka_util import produce_keyed, produce_packed, read_all
@@ -44,7 +50,7 @@ WINDOWS = {
 }
 
 
-def spec_for(name: str, window: dict[str, Any], watermark: str = "10m") -> JobSpec:
+def spec_for(name: str, window: dict[str, Any], watermark: str = "10m", mode: str = "real_time") -> JobSpec:
     return JobSpec.model_validate(
         {
             "id": name,
@@ -58,8 +64,8 @@ def spec_for(name: str, window: dict[str, Any], watermark: str = "10m") -> JobSp
             # With the default 10m nothing is late: the oracle needs no watermark.
             "watermark": {"max_out_of_orderness": watermark},
             "aggregations": every_aggregation("value", fns=("count", "sum", "min", "max", "avg")),
-            "trigger_mode": "real_time",
-            "trigger_interval": "5s",
+            "trigger_mode": mode,
+            "trigger_interval": "5s" if mode == "real_time" else "500ms",
             "output_topic": f"{name}.out",
         }
     )
@@ -226,18 +232,61 @@ def test_real_time_windows_equal_the_oracle_across_a_restart(
         assert previous == dict(r.aggregates), "one version, one value"
 
 
+def test_with_default_settings_a_real_time_window_on_two_partitions_runs_exactly_beside_a_micro_batch_job(
+    spark: SparkSession,  # noqa: F811
+    kafka_bootstrap: str,
+    tmp_path: Path,
+) -> None:
+    """The default processor (a local master with its real-time task slots beside its cores) runs a
+    real-time tumbling job on a two-partition `.valid` topic, as ingest makes it, next to a micro-batch
+    job; both equal the oracle. A silent stream's watermark advance on the topic counts as no event."""
+    assert realtime_task_slots(spark) == ProcessorSettings().realtime_task_slots
+    assert spark.sparkContext.defaultParallelism == 2  # micro-batches plan for the cores
+    settings = ProcessorSettings(kafka_bootstrap=kafka_bootstrap, data_dir=str(tmp_path))
+    manager = JobRunner(spark, settings, JobMetricsListener(None))
+    name = f"rt{uuid.uuid4().hex[:8]}"
+    real_time = spec_for(f"{name}-rt", WINDOWS["tumbling"])
+    micro = spec_for(f"{name}-mb", WINDOWS["tumbling"], mode="micro_batch")
+    rng = random.Random(11)
+    events = [
+        {"k": rng.choice(KEYS), "value": rng.randrange(1000), "ts": BASE + rng.randrange(0, 30_000)}
+        for _ in range(400)
+    ]
+    try:
+        for spec in (real_time, micro):
+            assert manager.start(spec).state == JobState.RUNNING
+        assert settings.topic_partitions == 2
+        time.sleep(2)  # the real-time query's first batch reads from the start
+        pairs = [(str(e["k"]), orjson.dumps(e)) for e in events]
+        advance = advance_record("ts", BASE + 1_000, 60_000)
+        for spec in (real_time, micro):
+            produce_packed(kafka_bootstrap, spec.source.valid_topic, pairs, partitions=2, per_pack=16)
+            produce_keyed(kafka_bootstrap, spec.source.valid_topic, [(b"", advance)])
+        for spec in (real_time, micro):
+            wait_for(kafka_bootstrap, spec, oracle(spec, events))
+            query = manager.query(spec.id)
+            assert query is not None and query.isActive, query and query.exception()
+    finally:
+        manager.shutdown()
+    for spec in (real_time, micro):
+        newest, _ = latest(kafka_bootstrap, spec.output_topic)
+        want = oracle(spec, events)
+        assert {k: r.aggregates["n"] for k, r in newest.items()} == {k: len(v) for k, v in want.items()}
+        assert {k: r.aggregates["total"] for k, r in newest.items()} == {k: sum(v) for k, v in want.items()}
+
+
 def test_a_real_time_job_that_cannot_get_its_task_slots_is_refused_with_what_to_change(
     spark: SparkSession,  # noqa: F811
     kafka_bootstrap: str,
     tmp_path: Path,
 ) -> None:
-    """Two source partitions and the window's shuffle partition need 3 slots; local[2] has 2. Started
-    anyway, the query would wait for slots forever and starve every micro-batch job."""
-    settings = ProcessorSettings(kafka_bootstrap=kafka_bootstrap, data_dir=str(tmp_path), topic_partitions=2)
+    """Eight source partitions and the window's shuffle partition need 9 slots; the default processor
+    keeps 8 for real-time jobs. Started anyway, the query would wait for slots forever."""
+    settings = ProcessorSettings(kafka_bootstrap=kafka_bootstrap, data_dir=str(tmp_path), topic_partitions=8)
     listener = JobMetricsListener(None)
     manager = JobRunner(spark, settings, listener)
     spec = spec_for(f"rt{uuid.uuid4().hex[:8]}-slots", WINDOWS["tumbling"])
-    with pytest.raises(SpecError, match=r"holds 3 task slot\(s\) .* this processor has 2"):
+    with pytest.raises(SpecError, match=r"holds 9 task slot\(s\) .* this processor has 8 for real-time jobs"):
         manager.start(spec)
     assert manager.get(spec.id).state == JobState.FAILED
     assert manager.query(spec.id) is None

@@ -14,7 +14,13 @@ import pytest
 from infra.paths import ROOT
 from services.processor.settings import ProcessorSettings
 from services.processor.spark.scratch import LOCK_NAME, claim
-from services.processor.spark.session import DRIVER_JAVA_OPTIONS, EXECUTOR_JAVA_OPTIONS, session_conf
+from services.processor.spark.session import (
+    DEFAULT_PARALLELISM,
+    DRIVER_JAVA_OPTIONS,
+    EXECUTOR_JAVA_OPTIONS,
+    master_url,
+    session_conf,
+)
 
 # Claims a scratch directory under argv[1], writes a file in it, says where, then waits for stdin to
 # close (a live processor) or kills itself with SIGKILL (argv[2] == "kill": no clean-up runs).
@@ -149,3 +155,17 @@ def test_a_standalone_clusters_executors_keep_their_temporary_files_in_their_wor
 def test_the_scratch_root_defaults_to_a_per_user_directory_in_the_system_temp_dir(tmp_path: Path) -> None:
     assert ProcessorSettings().scratch_path.name == f"streamforge-processor-{os.getuid()}"
     assert ProcessorSettings(scratch_dir=str(tmp_path)).scratch_path == tmp_path
+
+
+def test_a_local_master_keeps_real_time_slots_beside_its_cores() -> None:
+    """Real-time tasks get threads of their own; micro-batches still plan for the cores."""
+    default = ProcessorSettings()
+    assert master_url(default) == f"local[{2 + default.realtime_task_slots}]"
+    assert session_conf(default)[DEFAULT_PARALLELISM] == "2"
+    assert master_url(ProcessorSettings(spark_master="local[4,3]", realtime_task_slots=2)) == "local[6,3]"
+    assert master_url(ProcessorSettings(spark_master="local[2]", realtime_task_slots=0)) == "local[2]"
+    cluster = ProcessorSettings(spark_master="spark://127.0.0.1:7077")
+    assert master_url(cluster) == "spark://127.0.0.1:7077"
+    assert DEFAULT_PARALLELISM not in session_conf(cluster)
+    own = ProcessorSettings(spark_conf={DEFAULT_PARALLELISM: "6"})
+    assert session_conf(own)[DEFAULT_PARALLELISM] == "6"

@@ -6,6 +6,8 @@ SOURCE_PARTITION = "__partition"
 SOURCE_OFFSET = "__offset"
 SOURCE_INDEX = "__index"  # the event's place in its record's pack (0 for a record of one event)
 WINDOW = "__window"
+# A watermark advance's silence (ms): set on advance rows only (shared/packs.py advance_record).
+SILENT_MS = "__silent_ms"
 ROWS = "__rows"  # rows aggregated into the window so far: its version (versions.version_column)
 RIGHT_KEY = "__right_key"
 RIGHT_EVENT_TIME = "__right_event_time"

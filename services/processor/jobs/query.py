@@ -208,7 +208,8 @@ def check_task_slots(spec: JobSpec, others: list[JobSpec], slots: int, bootstrap
         raise SpecError(
             f"job {spec.id}: real-time mode holds {needed} task slot(s) for as long as it runs (one per "
             f"source partition{', plus one for the window state' if spec.kind == 'windowed' else ''}); "
-            f"this processor has {slots} and other real-time jobs hold {held}. Use trigger_mode "
-            "micro_batch, fewer partitions, or more slots (SF_PROCESSOR_SPARK_MASTER=local[N])"
+            f"this processor has {slots} for real-time jobs and other real-time jobs hold {held}. Use "
+            "trigger_mode micro_batch, fewer partitions, or more slots (SF_PROCESSOR_REALTIME_TASK_SLOTS "
+            "with a local master, more executor cores with a cluster)"
         )
     TASK_SLOTS_HELD.set(held + needed)

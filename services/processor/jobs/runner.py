@@ -42,6 +42,7 @@ from services.processor.jobs.table import HostedJob, JobTable, JobView
 from services.processor.jobs.versions import ROW_VERSIONS
 from services.processor.metrics import JOB_RESTARTS, JobMetricsListener
 from services.processor.settings import ProcessorSettings
+from services.processor.spark.session import realtime_task_slots
 from services.processor.state import checkpoints as ckpt
 from services.processor.state.checkpoints import JobCheckpoints
 from services.processor.state.storage import HadoopStorage, StateStorage, is_local, shown, storage_for, to_uri
@@ -261,9 +262,7 @@ class JobRunner:
             for j in self.table.jobs()
             if j.spec.id != spec.id and j.spec.trigger_mode == "real_time" and j.query is not None
         ]
-        check_task_slots(
-            spec, others, self.spark.sparkContext.defaultParallelism, self.settings.kafka_bootstrap
-        )
+        check_task_slots(spec, others, realtime_task_slots(self.spark), self.settings.kafka_bootstrap)
 
     def stop(self, job_id: str, savepoint: bool = False, savepoint_dir: str = "") -> JobView:
         with self._command_lock:

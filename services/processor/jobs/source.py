@@ -13,6 +13,7 @@ from services.processor.jobs.columns import (
     MALFORMED_OBSERVATIONS,
     RIGHT_EVENT_TIME,
     RIGHT_KEY,
+    SILENT_MS,
     SOURCE_INDEX,
     SOURCE_OFFSET,
     SOURCE_PARTITION,
@@ -24,7 +25,7 @@ from services.processor.tracing import (
     spark_sampled_traceparent_sql,
 )
 from shared.jobspec import FieldType, JobSpec, Source
-from shared.packs import PACK_KEY_FIELD
+from shared.packs import ADVANCE_FIELD, PACK_KEY_FIELD
 
 _SPARK_TYPES: dict[FieldType, T.DataType] = {
     FieldType.STRING: T.StringType(),
@@ -48,7 +49,11 @@ def record_schema(source: Source) -> T.ArrayType:
     ``from_json`` with this schema reads a lone event object as a pack of one (an object written by
     something other than ingest may have no ``__key``: its record's key is its key).
     """
-    element = event_schema(source).add(T.StructField(PACK_KEY_FIELD, T.StringType(), True))
+    element = (
+        event_schema(source)
+        .add(T.StructField(PACK_KEY_FIELD, T.StringType(), True))
+        .add(T.StructField(ADVANCE_FIELD, T.LongType(), True))
+    )
     return T.ArrayType(element, True)
 
 
@@ -59,7 +64,8 @@ def read_source(
 
     A record holds one event or a pack of them (shared/packs.py): one row per event. A pack's events
     carry their keys; a lone event's key is its record's. A record that is neither form gives one row
-    without an event time, which readable() counts and drops.
+    without an event time, which readable() counts and drops. A watermark advance gives one row with
+    its event time, no key and SILENT_MS set.
 
     ``max_offsets`` bounds a micro-batch; None for real-time mode, which refuses the option.
     ``task_records`` > 0 splits a micro-batch's read of a Kafka partition into tasks of at most that
@@ -98,21 +104,37 @@ def read_source(
         SOURCE_OFFSET,
         SOURCE_INDEX,
         TRACE,
+        F.col(f"e.{ADVANCE_FIELD}").alias(SILENT_MS),
     )
 
 
-def readable(df: DataFrame, observation: str) -> DataFrame:
-    """Drop rows without a key or event time, counting them (and every row read) in an observed metric.
+def readable(df: DataFrame, observation: str, idle_timeout_ms: int = 0) -> DataFrame:
+    """Drop rows without a key or event time, counting them (and every event read) in an observed
+    metric; keep the watermark advances of a silence of at least ``idle_timeout_ms`` (0: none).
 
-    Ingest only forwards valid events, so these appear only if something else writes to a .valid
+    Ingest only forwards valid events, so bad rows appear only if something else writes to a .valid
     topic; they are counted (processor_malformed_rows_total) and logged, never fed to a window.
     """
-    bad = F.col(KEY).isNull() | F.col(EVENT_TIME).isNull()
-    # "events": the rows read, one per event of a pack (Spark's numInputRows counts Kafka records).
+    advance = F.col(SILENT_MS).isNotNull()
+    bad = ~advance & (F.col(KEY).isNull() | F.col(EVENT_TIME).isNull())
+    # "events": the events read, one per event of a pack (Spark's numInputRows counts Kafka records).
     observed = df.observe(
-        observation, F.sum(F.when(bad, 1).otherwise(0)).alias("rows"), F.count(F.lit(1)).alias("events")
+        observation,
+        F.sum(F.when(bad, 1).otherwise(0)).alias("rows"),
+        F.count(F.when(~advance, 1)).alias("events"),
     )
-    return observed.where(~bad)
+    if idle_timeout_ms <= 0:
+        return observed.where(~bad & ~advance)
+    return observed.where(~bad & (~advance | (F.col(SILENT_MS) >= idle_timeout_ms)))
+
+
+def without_advances(df: DataFrame) -> DataFrame:
+    """``df`` without its watermark advances, once its watermark has seen them.
+
+    Spark's optimizer moves a filter below withWatermark unless it names the event-time column, and
+    there the advances would never move the watermark: this one names it (a row here has an event time).
+    """
+    return df.where(F.col(SILENT_MS).isNull() | F.col(EVENT_TIME).isNull())
 
 
 def row_schema(df: DataFrame) -> T.StructType:
@@ -125,7 +147,10 @@ def _derive_and_filter(spark: SparkSession, spec: JobSpec, df: DataFrame) -> Dat
         column = checked_column(spark, text, row_schema(df), "derive", f"derive.{name}")
         df = df.select("*", column.alias(name))
     if spec.filter is not None:
-        df = df.where(checked_column(spark, spec.filter, row_schema(df), "filter", "filter"))
+        condition = checked_column(spark, spec.filter, row_schema(df), "filter", "filter")
+        # Spark moves this filter below withWatermark (it does not name the event time): there it must
+        # let the watermark advances through to it. Here none is left, so the condition is the same.
+        df = df.where(F.col(SILENT_MS).isNotNull() | condition)
     return df
 
 
@@ -167,8 +192,13 @@ def events(
         task_records = 0
     elif spec.has_percentiles:
         task_records = min(task_records or PERCENTILE_TASK_RECORDS, PERCENTILE_TASK_RECORDS)
+    # Watermark advances reach the watermark of a windowed or dedup job; a join's drops its rows
+    # without a key before its watermarks, and a stateless job has none.
+    idle_timeout = spec.watermark.idle_timeout_ms if spec.join is None and spec.kind != "stateless" else 0
     df = readable(
-        read_source(spark, spec.source, bootstrap, max_offsets, task_records), MALFORMED_OBSERVATIONS[0]
+        read_source(spark, spec.source, bootstrap, max_offsets, task_records),
+        MALFORMED_OBSERVATIONS[0],
+        idle_timeout,
     )
     # The sampled records' trace context: the listener links each batch's span to them.
     df = df.observe(SPARK_OBSERVATION, F.expr(spark_observed_traceparents_sql(TRACE)).alias("traceparents"))
@@ -176,7 +206,7 @@ def events(
         df = _join(spark, spec, df, bootstrap, max_offsets)  # watermarks both of its sources
     elif spec.kind in ("windowed", "dedup"):
         # At the source, as ingest and Flink track it: events a filter drops still move event time.
-        df = df.withWatermark(EVENT_TIME, f"{spec.watermark.delay_ms} milliseconds")
+        df = without_advances(df.withWatermark(EVENT_TIME, f"{spec.watermark.delay_ms} milliseconds"))
     df = _derive_and_filter(spark, spec, df)
     if spec.dedup is not None:
         df = df.dropDuplicatesWithinWatermark(spec.dedup.fields)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shlex
 from pathlib import Path
 from typing import Any
@@ -32,8 +33,47 @@ OBJECT_HASH_AGG_GROUPS = "spark.sql.objectHashAggregate.sortBased.fallbackThresh
 AUTHENTICATE = "spark.authenticate"
 
 
+# local, local[N], local[*] and local[N,F] (F: task failures allowed)
+_LOCAL_MASTER = re.compile(r"^local(?:\[(\d+|\*)(,\d+)?\])?$")
+DEFAULT_PARALLELISM = "spark.default.parallelism"
+
+
 def is_local(settings: ProcessorSettings) -> bool:
     return settings.spark_master.startswith("local")
+
+
+def _local_threads(master: str) -> tuple[int, str] | None:
+    """A local master's task threads and its failures suffix; None for any other master."""
+    m = _LOCAL_MASTER.match(master.strip())
+    if m is None:
+        return None
+    given = m.group(1) or "1"
+    return (os.cpu_count() or 1) if given == "*" else int(given), m.group(2) or ""
+
+
+def master_url(settings: ProcessorSettings) -> str:
+    """The master Spark starts with: a local one gets ``realtime_task_slots`` threads beside its cores.
+
+    A real-time query holds a task per source and shuffle partition for its whole batch, waiting on
+    Kafka most of that time; in slots of their own these threads never take a core from micro-batches,
+    whose parallelism stays the cores (default parallelism, shuffle partitions).
+    """
+    local = _local_threads(settings.spark_master)
+    if local is None or settings.realtime_task_slots == 0:
+        return settings.spark_master
+    cores, failures = local
+    return f"local[{cores + settings.realtime_task_slots}{failures}]"
+
+
+def realtime_task_slots(spark: SparkSession) -> int:
+    """The task slots real-time jobs may hold at once: those a local master keeps beside its cores,
+    else (none kept, or a cluster) every slot."""
+    context = spark.sparkContext
+    cores = context.defaultParallelism
+    local = _local_threads(context.master or "")
+    if local is None:
+        return cores
+    return local[0] - cores if local[0] > cores else local[0]
 
 
 def class_archive_options(archive: str) -> str:
@@ -86,7 +126,10 @@ def session_conf(settings: ProcessorSettings, scratch: Path | None = None) -> di
     ``scratch`` becomes the driver JVM's java.io.tmpdir, and so Spark's local directory unless
     ``spark.local.dir`` is set (spark/scratch.py).
     """
+    local = _local_threads(settings.spark_master)
     conf = {
+        # A local master's extra threads are for real-time jobs: the rest plans for its cores.
+        **({DEFAULT_PARALLELISM: str(local[0])} if local is not None else {}),
         REALTIME_SHUFFLE_FLUSH: str(settings.tuning.realtime_shuffle_flush_ms),
         STATE_CLEANUP_PER_ROW: str(settings.tuning.state_cleanup_per_row),
         OBJECT_HASH_AGG_GROUPS: str(settings.tuning.object_hash_agg_groups),
@@ -125,7 +168,7 @@ def build_spark(settings: ProcessorSettings, jars: list[str], scratch: Path | No
     # Spark's web UI binds to SPARK_LOCAL_IP, else to every interface: keep it on loopback.
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
     builder = (
-        SparkSession.builder.master(settings.spark_master)
+        SparkSession.builder.master(master_url(settings))
         .appName("streamforge-processor")
         .config("spark.jars", ",".join(jars))
         .config("spark.driver.memory", settings.driver_memory)
