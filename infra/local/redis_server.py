@@ -1,4 +1,4 @@
-"""A private redis-server (Debian package) run as a detached process on 127.0.0.1.
+"""A private redis-server (Debian package) run as a detached process on 127.0.0.1 (or on ``host``).
 
 Every client authenticates as one of USERS, each allowed only the keys it needs (control: ``sf:*``;
 the sink: ``sf:job:*``), without admin or dangerous commands; ``default`` (everything, with a password)
@@ -63,9 +63,10 @@ def ensure_installed(log: Log = _stderr_log) -> str:
 class RedisServer:
     """redis-server on 127.0.0.1:port with AOF persistence under run_dir. up() is idempotent."""
 
-    def __init__(self, run_dir: Path, port: int = 6379) -> None:
+    def __init__(self, run_dir: Path, port: int = 6379, *, host: procs.Host = procs.LOOPBACK) -> None:
         self.run_dir = run_dir
         self.port = port
+        self.host = host
         self.data_dir = run_dir / "redis"
         self.server_log = logs_dir(run_dir) / "redis.log"
         self.log_path = logs_dir(run_dir) / "redis.out"
@@ -91,7 +92,7 @@ class RedisServer:
 
     def url(self, user: str = "default") -> str:
         """The URL a client of ``user`` connects with (credentials in it)."""
-        return f"redis://{user}:{self.passwords()[user]}@127.0.0.1:{self.port}/0"
+        return f"redis://{user}:{self.passwords()[user]}@{self.host.address}:{self.port}/0"
 
     def _write_acl(self) -> Path:
         passwords = self.passwords()
@@ -110,7 +111,7 @@ class RedisServer:
         return [
             binary,
             "--port", str(self.port),
-            "--bind", "127.0.0.1",
+            "--bind", self.host.address,
             "--protected-mode", "yes",
             "--dir", str(self.data_dir),
             "--daemonize", "no",  # we manage the process (pid file, signals) ourselves
@@ -130,13 +131,13 @@ class RedisServer:
         advice = "choose another Redis port"
         if self.port == DEBIAN_DEFAULT_PORT:
             advice += " (a system service? `service redis-server stop`)"
-        procs.require_free_ports([self.port], "redis", self.run_dir, advice)
+        procs.require_free_ports([self.port], "redis", self.run_dir, advice, self.host)
         binary = self.ensure_installed(log)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.server_log.parent.mkdir(parents=True, exist_ok=True)
         self._write_acl()
         return procs.start_process(
-            NAME, self.argv(binary), self.run_dir, log_path=self.log_path, port=self.port
+            NAME, self.argv(binary), self.run_dir, log_path=self.log_path, port=self.port, host=self.host
         )
 
     def ensure_installed(self, log: Log = _stderr_log) -> str:
@@ -163,7 +164,7 @@ class RedisServer:
         procs.wait_for(
             self.is_healthy,
             timeout_s,
-            f"Redis on 127.0.0.1:{self.port}",
+            f"Redis on {self.host.address}:{self.port}",
             self.server_log,
             pid=pid,
             interval_s=0.2,

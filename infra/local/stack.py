@@ -54,6 +54,9 @@ class StackConfig:
     # The bootstrap list when Kafka is a cluster of its own (infra/cluster/); empty: the stack's one
     # broker on kafka_port.
     kafka_bootstrap: str = ""
+    # Where Redis and control listen when they run on hosts of their own (infra/hosts/).
+    redis_address: str = "127.0.0.1"
+    control_address: str = "127.0.0.1"
 
     @property
     def bootstrap(self) -> str:
@@ -67,7 +70,7 @@ class StackConfig:
 
     @property
     def control_url(self) -> str:
-        return f"http://127.0.0.1:{self.control_port}"
+        return f"http://{self.control_address}:{self.control_port}"
 
     @property
     def data_dir(self) -> Path:
@@ -90,7 +93,7 @@ def broker(cfg: StackConfig) -> KafkaBroker:
 
 
 def redis_server(cfg: StackConfig) -> RedisServer:
-    return RedisServer(cfg.run_dir, port=cfg.redis_port)
+    return RedisServer(cfg.run_dir, port=cfg.redis_port, host=procs.Host(cfg.redis_address))
 
 
 def zipkin_server(cfg: StackConfig) -> ZipkinServer:
@@ -162,7 +165,7 @@ def service_env(cfg: StackConfig) -> dict[str, str]:
             else {}
         ),
         "SF_CONTROL_GRPC_PORT": str(cfg.grpc_ports[0]),
-        "SF_CONTROL_GRPC_TARGET": f"127.0.0.1:{cfg.grpc_ports[0]}",
+        "SF_CONTROL_GRPC_TARGET": f"{cfg.control_address}:{cfg.grpc_ports[0]}",
         "SF_PROCESSOR_GRPC_PORT": str(cfg.grpc_ports[1]),
         "SF_INGEST_GRPC_PORT": str(cfg.grpc_ports[2]),
         "SF_SINK_GRPC_PORT": str(cfg.grpc_ports[3]),
@@ -184,21 +187,35 @@ def service_env(cfg: StackConfig) -> dict[str, str]:
 
 
 def start_service(
-    cfg: StackConfig, name: str, extra_env: dict[str, str] | None = None, *, process: str = ""
+    cfg: StackConfig,
+    name: str,
+    extra_env: dict[str, str] | None = None,
+    *,
+    process: str = "",
+    host: procs.Host = procs.LOOPBACK,
 ) -> int:
     """Start service ``name`` as a process; ``process`` names its pid file and log when it is one
-    of several replicas (``ingest-2``), default the service's name."""
+    of several replicas (``ingest-2``), default the service's name. On a ``host`` of its own its
+    servers listen on the host's address."""
     if name not in SERVICES:
         raise InfraError(f"unknown service {name!r}; the services are {', '.join(SERVICES)}")
     # Each service connects to Redis as its own user, or with no credentials when it needs none.
     users = {"control": "control", "sink": "sink"}
     redis_url = (
-        redis_server(cfg).url(users[name]) if name in users else f"redis://127.0.0.1:{cfg.redis_port}/0"
+        redis_server(cfg).url(users[name])
+        if name in users
+        else f"redis://{cfg.redis_address}:{cfg.redis_port}/0"
     )
-    env = {**service_env(cfg), "SF_REDIS_URL": redis_url, **(extra_env or {})}
+    bind = {"SF_BIND_HOST": host.address} if host.netns else {}
+    env = {**service_env(cfg), "SF_REDIS_URL": redis_url, **bind, **(extra_env or {})}
     ensure_pki(cfg.pki_dir)  # certificates that are missing or about to expire; the rest stay
     return procs.start_process(
-        process or name, [sys.executable, "-m", f"services.{name}"], cfg.run_dir, env=env, cwd=ROOT
+        process or name,
+        [sys.executable, "-m", f"services.{name}"],
+        cfg.run_dir,
+        env=env,
+        cwd=ROOT,
+        host=host,
     )
 
 
