@@ -4,6 +4,7 @@ Dependency-only Maven projects live in infra/artifacts/maven/:
   kafka/        the Kafka broker (kafka_2.13) + a log4j2 SLF4J binding  -> .cache/jars/kafka/
   spark-kafka/  Spark's Kafka connector for the installed pyspark     -> .cache/jars/spark-kafka/
   spark-avro/   Spark's Avro functions, same version (wire bench only) -> .cache/jars/spark-avro/
+  hdfs/         an HDFS NameNode and DataNode (hadoop-hdfs + hadoop-common) -> .cache/jars/hdfs/
 
 Each output dir gets a stamp file (.stamp.json) written after a successful copy. While the stamp matches
 (same requested versions, same pom/settings content, all jars present) Maven is not run at all, so a
@@ -40,6 +41,10 @@ SPARK_KAFKA_VERSION = "4.2.0"
 # these are tried in order. 4.0.0 has every method spark-sql-kafka 4.2.0 calls but for Kerberos
 # delegation-token logging, a path unused here.
 TOKEN_PROVIDER_FALLBACKS = ("4.0.0",)
+
+# HDFS for job state (infra/local/hdfs.py): the version of the Hadoop client pyspark 4.3.0 ships
+# (hadoop-client-api/runtime), so the processor's client and the servers speak one release.
+HADOOP_VERSION = "3.5.0"
 
 # Zipkin's server, the tracing UI: one self-contained `exec` jar (io.zipkin:zipkin-server:<v>:exec).
 ZIPKIN_VERSION = "3.6.1"
@@ -343,10 +348,24 @@ def zipkin_jar(cache_dir: Path = CACHE_DIR, *, log: Log = _stderr_log) -> Path:
     return jars[0]
 
 
+def fetch_hdfs(
+    cache_dir: Path = CACHE_DIR, *, hadoop_version: str = HADOOP_VERSION, log: Log = _stderr_log
+) -> Resolved:
+    """hadoop-hdfs and hadoop-common ``hadoop_version`` with their runtime deps, fetched if not cached."""
+    requested = {"hadoop.version": hadoop_version}
+    return _resolve("hdfs", requested, [requested], cache_dir, log)
+
+
+def hdfs_classpath(cache_dir: Path = CACHE_DIR, *, log: Log = _stderr_log) -> list[Path]:
+    """Jars for running a NameNode or DataNode (java -cp), fetching first if needed."""
+    return fetch_hdfs(cache_dir, log=log).jars
+
+
 # Every bundle `python -m infra fetch` (and so `make setup`) resolves, by name, in order.
 BUNDLES: tuple[tuple[str, Callable[..., Resolved]], ...] = (
     ("kafka", fetch_kafka),
     ("spark-kafka", fetch_spark_kafka),
     ("spark-avro", fetch_spark_avro),
     ("zipkin", fetch_zipkin),
+    ("hdfs", fetch_hdfs),
 )

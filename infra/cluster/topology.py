@@ -91,13 +91,9 @@ class ClusterConfig:
         return f"http://127.0.0.1:{self.port(CONTROL)}"
 
     @property
-    def checkpoint_dir(self) -> Path:
-        """Shared by the processors: whichever runs a job resumes it from here."""
-        return self.run_dir / "data" / "checkpoints"
-
-    @property
-    def savepoint_dir(self) -> Path:
-        return self.run_dir / "data" / "savepoints"
+    def state_root(self) -> Path:
+        """Shared by the processors: whichever runs a job resumes or takes it over from here."""
+        return self.run_dir / "data"
 
 
 def config(*, tests: bool = False, offset: int | None = None, **overrides: Any) -> ClusterConfig:
@@ -208,11 +204,11 @@ def replicas(cfg: ClusterConfig) -> list[Replica]:
             "SF_PROCESSOR_SPARK_MASTER": spark_master(cfg).url,
             "SF_PROCESSOR_SPARK_CONF": json.dumps(app_conf),
             "SF_PROCESSOR_DRIVER_MEMORY": cfg.driver_memory,
-            # Its own job ledger (what it ran, to resume after a restart) under its own data dir;
-            # checkpoints and savepoints where every processor finds them.
+            # Checkpoints, savepoints and each processor's own job ledger (what it ran, to resume
+            # after a restart) under one state root every processor reaches.
             "SF_DATA_DIR": str(cfg.run_dir / f"processor-{i}"),
-            "SF_PROCESSOR_CHECKPOINT_DIR": str(cfg.checkpoint_dir),
-            "SF_PROCESSOR_SAVEPOINT_DIR": str(cfg.savepoint_dir),
+            "SF_PROCESSOR_STATE_ROOT": cfg.state_root.resolve().as_uri(),
+            "SF_PROCESSOR_NAME": f"processor-{i}",
             "SF_PROCESSOR_JOB_SPECS": "[]",  # control places every job
             "SF_PROCESSOR_GRPC_PORT": str(p["grpc"]),
             "SF_PROCESSOR_METRICS_PORT": str(p["metrics"]),

@@ -226,13 +226,13 @@ STANDBY_WARMUP_S = 40
 
 
 def standby_env(cfg: StackConfig) -> dict[str, str]:
-    """What the standby processor runs with on top of service_env(): its own data dir and ports,
-    the stack's checkpoints and savepoints, no spec files, a warm-up before it registers."""
+    """What the standby processor runs with on top of service_env(): its own data dir, name and
+    ports, the stack's state root, no spec files, a warm-up before it registers."""
     grpc_port, metrics_port, ui_port = cfg.standby_processor_ports
     return {
         "SF_DATA_DIR": str((cfg.data_dir / STANDBY_PROCESSOR).resolve()),
-        "SF_PROCESSOR_CHECKPOINT_DIR": str((cfg.data_dir / "checkpoints").resolve()),
-        "SF_PROCESSOR_SAVEPOINT_DIR": str((cfg.data_dir / "savepoints").resolve()),
+        "SF_PROCESSOR_STATE_ROOT": cfg.data_dir.resolve().as_uri(),
+        "SF_PROCESSOR_NAME": STANDBY_PROCESSOR,
         "SF_PROCESSOR_JOB_SPECS": "[]",
         "SF_PROCESSOR_WARMUP_S": str(STANDBY_WARMUP_S),
         "SF_PROCESSOR_GRPC_PORT": str(grpc_port),
@@ -245,9 +245,9 @@ def start_standby_processor(cfg: StackConfig, *, wait: bool = True) -> int:
     """A second processor beside the stack's own, for fast failover: warm (its JVM and SparkSession
     up, a throwaway job run), it takes over the jobs of a processor that dies as soon as control
     learns of it, where a restarted processor would first have to start Spark. It keeps its own
-    job list but shares the checkpoints and savepoints (the checkpoint lease keeps two copies of a
-    job from running), and runs only what control places on it; control places new jobs on the less
-    loaded of the two."""
+    job ledger but shares the state root (a takeover renames the job's checkpoint to a new epoch, so
+    two copies of a job never write one), and runs only what control places on it; control places
+    new jobs on the less loaded of the two."""
     pid = start_service(cfg, "processor", standby_env(cfg), process=STANDBY_PROCESSOR)
     if wait:
         wait_process_ready(cfg, STANDBY_PROCESSOR, standby_metrics_url(cfg))

@@ -76,8 +76,8 @@ class ControlSettings(BaseServiceSettings):
     )
     savepoint_roots: list[str] = Field(
         default_factory=list,
-        description="directories a request may name for savepoints (the processor reads and writes "
-        "there); empty: `<data_dir>/savepoints`",
+        description="directories (paths or URIs) a request may name for savepoints (the processor reads and "
+        "writes there); empty: `<data_dir>/savepoints`",
     )
     max_spec_bytes: int = Field(1_048_576, ge=1_024, description="the largest job spec POST /jobs accepts")
     tuning_overrides: dict[str, Any] = tuning_field("SF_CONTROL_")
@@ -107,6 +107,7 @@ class ControlSettings(BaseServiceSettings):
         been built before the StartJob it crossed."""
         return 2 * self.tuning.heartbeat_interval_ms + self.tuning.sweep_interval_ms
 
-    def allowed_savepoint_roots(self) -> list[Path]:
+    def allowed_savepoint_roots(self) -> list[str | Path]:
+        """Local roots as resolved paths; URIs (``hdfs://...``) as given."""
         roots = self.savepoint_roots or [str(Path(self.data_dir) / "savepoints")]
-        return [Path(os.path.normpath(Path(r).resolve())) for r in roots]
+        return [r if "://" in r else Path(os.path.normpath(Path(r).resolve())) for r in roots]

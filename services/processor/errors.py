@@ -23,3 +23,7 @@ class SavepointError(ProcessorError):
 
 class PathRefusedError(ProcessorError):
     """A command named a savepoint path outside the allowed roots (SF_PROCESSOR_SAVEPOINT_ROOTS)."""
+
+
+class CheckpointTakenError(ProcessorError):
+    """Another processor took the job's checkpoint first (its takeover rename won): not started here."""

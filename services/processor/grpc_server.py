@@ -16,14 +16,13 @@ from typing import NoReturn, TypeVar
 import grpc
 
 from services.processor.errors import (
+    CheckpointTakenError,
     JobNotFoundError,
     JobStateError,
     PathRefusedError,
     ProcessorError,
     SavepointError,
 )
-from services.processor.jobs import savepoints
-from services.processor.jobs.leases import CheckpointBusyError
 from services.processor.jobs.runner import JobRunner
 from services.processor.jobs.table import JobView
 from services.processor.warmup.shapes import ShapeWarmer
@@ -83,8 +82,8 @@ def _abort(context: grpc.ServicerContext, e: Exception) -> NoReturn:
     if isinstance(e, JobStateError):
         code = grpc.StatusCode.ALREADY_EXISTS if "already" in str(e) else grpc.StatusCode.FAILED_PRECONDITION
         context.abort(code, str(e))
-    if isinstance(e, CheckpointBusyError):
-        # Another processor still runs the job (control is stopping that copy): worth a retry.
+    if isinstance(e, CheckpointTakenError):
+        # Another processor's start took the job's checkpoint first: control sorts out where it runs.
         context.abort(grpc.StatusCode.ABORTED, str(e))
     if isinstance(e, SavepointError):
         context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
@@ -102,7 +101,7 @@ class JobCommandsService(pb_grpc.JobCommandsServicer):
     def StartJob(self, request: pb.StartJobRequest, context: grpc.ServicerContext) -> pb.JobStatus:
         try:
             self.runner.check_savepoint_path(request.from_savepoint, "from_savepoint")
-            spec = spec_of(request, lambda path: savepoints.load(path).spec)
+            spec = spec_of(request, self.runner.savepoint_spec)
             view = self.runner.start(spec, request.from_savepoint)
         except (SpecError, ProcessorError) as e:
             _abort(context, e)

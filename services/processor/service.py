@@ -17,12 +17,13 @@ from pyspark.sql import SparkSession
 
 from services.processor.errors import ProcessorError
 from services.processor.grpc_server import grpc_services, to_proto
-from services.processor.jobs.recovery import checkpoint_lease, resume_holders
+from services.processor.jobs.recovery import resume_verdicts
 from services.processor.jobs.runner import JobRunner
 from services.processor.metrics import JobMetricsListener
 from services.processor.settings import ProcessorSettings
 from services.processor.spark.scratch import Scratch, claim
 from services.processor.spark.session import build_spark, local_file_system
+from services.processor.state.storage import LocalStorage, StateStorage, is_local
 from services.processor.warmup.shapes import ShapeWarmer
 from services.processor.warmup.startup import warm_up
 from shared.grpc_server import GrpcServices
@@ -37,6 +38,12 @@ def warmup_seconds(settings: ProcessorSettings, yielded: bool) -> float:
     ``warmup_s`` (a standby's), or ``taken_over_warmup_s`` when longer if it came back to find every
     job it ran taken over (``yielded``): a standby now, however it was configured."""
     return max(settings.warmup_s, settings.tuning.taken_over_warmup_s if yielded else 0)
+
+
+def all_moved(settings: ProcessorSettings, storage: StateStorage) -> bool:
+    """Whether this processor ran jobs and another took every one it would resume over since."""
+    verdicts = [v.verdict for v in resume_verdicts(settings, storage) if v.verdict in ("resume", "moved")]
+    return bool(verdicts) and all(v == "moved" for v in verdicts)
 
 
 class Processor:
@@ -63,7 +70,10 @@ class Processor:
     def start(self) -> None:
         """Start Spark, resume the jobs that ran when the processor last stopped, then the spec files'."""
         s = self.settings
-        yielded = not self.specs and self._yield_to_takeover()
+        # A local state root is read without a JVM: the wait comes before Spark starts. Any other
+        # needs Spark's Hadoop client, so there it only decides the warm-up's length.
+        local = is_local(s.state_root_uri)
+        yielded = not self.specs and local and self._yield_to_takeover(LocalStorage())
         began = time.monotonic()
         self.scratch = claim(s.scratch_path)
         self.spark = build_spark(s, self.jars, self.scratch.path)
@@ -76,6 +86,8 @@ class Processor:
         listener = JobMetricsListener(self.tracer)
         self.spark.streams.addListener(listener)
         self.runner = runner = JobRunner(self.spark, s, listener)
+        if not local and not self.specs:
+            yielded = all_moved(s, runner.storage)
         self.warmer = ShapeWarmer(self.spark, s, runner.idle, runner.command_lock, self.scratch.path)
         runner.before_start = self.warmer.before_job_start
         given = {spec.id for spec in self.specs}
@@ -87,34 +99,21 @@ class Processor:
             # Nothing runs here: warm the JVM before registering, so a job it takes over starts fast.
             warm_up(self.spark, s, seconds=warm_s, workdir=self.scratch.path)
 
-    def _yield_to_takeover(self) -> bool:
-        """Wait up to ``taken_over_delay_s`` while every job this processor ran is held by another.
+    def _yield_to_takeover(self, storage: StateStorage) -> bool:
+        """Wait ``taken_over_delay_s`` when every job this processor ran was taken over by another.
 
         Control moves the jobs of a processor it lost; when that processor comes back (a supervisor
         restarts it at once) another one is catching up on them from their checkpoints. A JVM and
         SparkSession starting take a core for seconds (more while the JIT compiles), and on shared
         cores they take it from that catch-up: the job is fresh again only once this start is done.
-        Here nothing would run anyway, so it waits, and starts at once when one of the jobs is free
-        again (its holder died), to resume it. True when every job was held (waited or not).
+        Here nothing would run anyway, so it waits. True when every job was taken over (waited or not).
         """
         delay = self.settings.tuning.taken_over_delay_s
-        leases = resume_holders(self.settings)
-        if not leases or None in leases.values():
+        if not all_moved(self.settings, storage):
             return False
-        if delay <= 0:
-            return True
-        log.info(
-            "every job this processor ran is held by another (%s): Spark starts in %.0f s, or once one is "
-            "free",
-            "; ".join(f"{job}: {holder}" for job, holder in leases.items()),
-            delay,
-        )
-        deadline = time.monotonic() + delay
-        while time.monotonic() < deadline and not self._stop.wait(min(1.0, deadline - time.monotonic())):
-            free = [job for job in leases if checkpoint_lease(self.settings, job).holder() is None]
-            if free:
-                log.info("jobs %s are free again: Spark starts now", free)
-                break
+        if delay > 0:
+            log.info("every job this processor ran was taken over by another: Spark starts in %.0f s", delay)
+            self._stop.wait(delay)
         return True
 
     def grpc_services(self) -> GrpcServices:

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import hashlib
 import os
+import socket
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -9,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
+from services.processor.state.storage import join, to_uri
 from shared.jvm import memory_mib
 from shared.settings import BaseServiceSettings, tuning_field
 
@@ -95,11 +98,21 @@ class ProcessorSettings(BaseServiceSettings):
         description="local disk for the Spark JVM's temporary files; default: "
         "`<temp dir>/streamforge-processor-<uid>`",
     )
-    checkpoint_dir: str = Field("", description="job checkpoints; default: `<data_dir>/checkpoints`")
-    savepoint_dir: str = Field("", description="savepoints; default: `<data_dir>/savepoints`")
+    state_root: str = Field(
+        "",
+        description="where job state lives, as a URI every processor and Spark executor reaches: "
+        "`checkpoints/`, `savepoints/` and each processor's job ledger (`processors/<name>/`); "
+        "`file:///...` or `hdfs://host:port/path`; default: `file://<data_dir>`",
+    )
+    name: str = Field(
+        "",
+        description="this processor's name under the state root (its job ledger): the same across its "
+        "restarts, never two running processors' at once; default: `<host name>-<digest of data_dir>`",
+    )
     savepoint_roots: list[str] = Field(
         default_factory=list,
-        description="directories a command may name for savepoints; default: the savepoint directory",
+        description="directories (paths or URIs) a command may name for savepoints; default: "
+        "`<state_root>/savepoints`",
     )
     warmup_s: float = Field(
         0,
@@ -114,6 +127,13 @@ class ProcessorSettings(BaseServiceSettings):
 
         @property
         def tuning(self) -> ProcessorTuning: ...
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_one_path_segment(cls, value: str) -> str:
+        if "/" in value or value in (".", ".."):
+            raise ValueError(f"{value!r}: a processor's name is one path segment")
+        return value
 
     @field_validator("driver_memory")
     @classmethod
@@ -139,16 +159,27 @@ class ProcessorSettings(BaseServiceSettings):
         return Path(self.scratch_dir or Path(tempfile.gettempdir()) / f"streamforge-processor-{os.getuid()}")
 
     @property
-    def checkpoints_path(self) -> Path:
-        return Path(self.checkpoint_dir or Path(self.data_dir) / "checkpoints").resolve()
+    def state_root_uri(self) -> str:
+        return to_uri(self.state_root or self.data_dir)
 
     @property
-    def savepoints_path(self) -> Path:
-        return Path(self.savepoint_dir or Path(self.data_dir) / "savepoints").resolve()
-
-    def allowed_savepoint_roots(self) -> list[Path]:
-        return [Path(r).resolve() for r in self.savepoint_roots] or [self.savepoints_path]
+    def checkpoints_uri(self) -> str:
+        return join(self.state_root_uri, "checkpoints")
 
     @property
-    def jobs_path(self) -> Path:
-        return (Path(self.data_dir) / "jobs").resolve()
+    def savepoints_uri(self) -> str:
+        return join(self.state_root_uri, "savepoints")
+
+    def allowed_savepoint_roots(self) -> list[str]:
+        return [to_uri(r) for r in self.savepoint_roots] or [self.savepoints_uri]
+
+    @property
+    def processor_name(self) -> str:
+        if self.name:
+            return self.name
+        digest = hashlib.sha256(str(Path(self.data_dir).resolve()).encode()).hexdigest()[:8]
+        return f"{socket.gethostname()}-{digest}"
+
+    @property
+    def ledger_uri(self) -> str:
+        return join(self.state_root_uri, "processors", self.processor_name, "jobs")

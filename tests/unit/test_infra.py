@@ -426,15 +426,20 @@ def test_cli_status_shows_the_run_dirs_below_with_processes(
         procs.stop_process("ingest", demo, timeout_s=5)
 
 
-def test_the_standby_processor_shares_checkpoints_but_nothing_else(tmp_path: Path) -> None:
+def test_the_standby_processor_shares_the_state_root_but_nothing_else(tmp_path: Path) -> None:
     cfg = StackConfig(run_dir=tmp_path / "stack")
     primary, standby = service_env(cfg), {**service_env(cfg), **standby_env(cfg)}
     data = Path(primary["SF_DATA_DIR"])
-    # The primary's checkpoints and savepoints are the defaults under its data dir: the standby's
-    # explicit ones must be those very directories.
-    assert Path(standby["SF_PROCESSOR_CHECKPOINT_DIR"]) == data / "checkpoints"
-    assert Path(standby["SF_PROCESSOR_SAVEPOINT_DIR"]) == data / "savepoints"
-    assert Path(standby["SF_DATA_DIR"]) == data / STANDBY_PROCESSOR  # its own job list
+    # The primary's state root is the default, its data dir: the standby's explicit one must be it.
+    main_settings = ProcessorSettings(data_dir=primary["SF_DATA_DIR"])
+    standby_settings = ProcessorSettings(
+        data_dir=standby["SF_DATA_DIR"],
+        state_root=standby["SF_PROCESSOR_STATE_ROOT"],
+        name=standby["SF_PROCESSOR_NAME"],
+    )
+    assert standby_settings.state_root_uri == main_settings.state_root_uri == data.resolve().as_uri()
+    assert standby_settings.ledger_uri != main_settings.ledger_uri  # its own job ledger
+    assert Path(standby["SF_DATA_DIR"]) == data / STANDBY_PROCESSOR
     taken = {
         cfg.kafka_port,
         cfg.controller_port,

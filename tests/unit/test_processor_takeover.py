@@ -1,5 +1,6 @@
-"""A processor that comes back to find its jobs held by another waits before it starts Spark
-(services/processor/service.py, Processor._yield_to_takeover), so the other catches up on the cores."""
+"""Takeovers on a shared state root, without Spark: the epoch directories' fence (one winner per
+rename or creation, ghosts never live), the ledger's verdicts, and the wait of a processor that comes
+back to find its jobs taken over (services/processor/service.py, Processor._yield_to_takeover)."""
 
 from __future__ import annotations
 
@@ -8,79 +9,121 @@ import time
 from pathlib import Path
 from typing import Any
 
-from services.processor.jobs import savepoints
-from services.processor.jobs.leases import CheckpointLease
-from services.processor.jobs.ledger import JobLedger, LedgerEntry
-from services.processor.jobs.recovery import resume_holders, resume_verdicts
+from services.processor.jobs.ledger import LedgerEntry
+from services.processor.jobs.recovery import job_checkpoints, ledger_of, resume_verdicts
 from services.processor.jobs.runner import JobRunner
 from services.processor.jobs.table import HostedJob
 from services.processor.metrics import JobMetricsListener
-from services.processor.service import Processor, warmup_seconds
+from services.processor.service import Processor, all_moved, warmup_seconds
 from services.processor.settings import ProcessorSettings
+from services.processor.state import checkpoints as ckpt
+from services.processor.state.checkpoints import JobCheckpoints
+from services.processor.state.storage import LocalStorage
 from shared.jobstate import JobState
 from tests.unit.test_processor_savepoints import SPEC
 
-
-def processor_with_jobs(tmp_path: Path, delay_s: float, **should_run: bool) -> Processor:
-    settings = ProcessorSettings(data_dir=str(tmp_path), tuning_overrides={"taken_over_delay_s": delay_s})
-    store = JobLedger(settings.jobs_path)
-    for job_id, run in should_run.items():
-        store.put(LedgerEntry(spec=SPEC.model_copy(update={"id": job_id}), should_run=run, epoch=0))
-    return Processor(settings, [], [])
+STORAGE = LocalStorage()
 
 
-def hold(p: Processor, job_id: str) -> CheckpointLease:
-    lease = CheckpointLease(p.settings.checkpoints_path / job_id)  # another open file: another holder
-    lease.acquire()
-    return lease
+def settings_on(root: Path, name: str, **tuning: Any) -> ProcessorSettings:
+    return ProcessorSettings(
+        data_dir=str(root / name), state_root=str(root / "state"), name=name, tuning_overrides=tuning
+    )
 
 
-def timed(p: Processor, yielded: bool | None = None) -> float:
-    began = time.monotonic()
-    result = p._yield_to_takeover()
-    if yielded is not None:
-        assert result is yielded
-    return time.monotonic() - began
+def ran(settings: ProcessorSettings, job_id: str, epoch: int = 0, should_run: bool = True) -> JobCheckpoints:
+    """What a processor leaves of a job it ran: a ledger entry and the job's live checkpoint."""
+    ledger_of(settings, STORAGE).put(
+        LedgerEntry(spec=SPEC.model_copy(update={"id": job_id}), should_run=should_run, epoch=epoch)
+    )
+    job = job_checkpoints(settings, STORAGE, job_id)
+    if job.live() is None:
+        assert job.claim(epoch, ckpt.note_for(job_id, epoch, "rows", "numbers"))
+    return job
 
 
-def test_stored_leases_name_the_holders_of_the_jobs_a_start_resumes(tmp_path: Path) -> None:
-    p = processor_with_jobs(tmp_path, 30, a=True, b=True, stopped=False)
-    held = hold(p, "a")
-    leases = resume_holders(p.settings)
-    assert set(leases) == {"a", "b"}  # a stopped job is not resumed
-    assert leases["a"] is not None and leases["a"].startswith("pid ")
-    assert leases["b"] is None
-    held.release()
+def taken_over(job: JobCheckpoints) -> int:
+    """Another processor takes the job over, as JobRunner._prepare_checkpoint does."""
+    live = job.live()
+    assert live is not None and job.take_over(live, max(job.epochs()) + 1)
+    return live + 1
 
 
-def test_a_job_stopped_where_it_ran_is_not_one_a_start_resumes(tmp_path: Path) -> None:
-    p = processor_with_jobs(tmp_path, 0.5, a=True, b=True)
-    held = hold(p, "a")
-    checkpoint = p.settings.checkpoints_path / "b"
-    savepoints.write_note(checkpoint, "b", 0, "rows", trace="numbers")
-    assert not savepoints.was_stopped(checkpoint)
-    assert timed(p, yielded=False) < 0.5  # b is free to resume: no wait
-    savepoints.mark_stopped(checkpoint)  # then cancelled on the processor it had moved to
-    leases = resume_holders(p.settings)
-    assert set(leases) == {"a"} and leases["a"] is not None
-    assert timed(p, yielded=True) >= 0.5  # every job it would resume is held: it waits, then warms up
-    held.release()
+def test_one_start_wins_the_creation_and_one_takeover_the_rename(tmp_path: Path) -> None:
+    job = JobCheckpoints(STORAGE, (tmp_path / "job").as_uri())
+    assert job.live() is None and job.epochs() == []
+    results: list[bool] = []
+    barrier = threading.Barrier(8)
+
+    def claim() -> None:
+        barrier.wait()
+        results.append(job.claim(0, {"epoch": 0}))
+
+    threads = [threading.Thread(target=claim) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == [False] * 7 + [True] and job.live() == 0
+
+    results.clear()
+    barrier = threading.Barrier(8)
+
+    def take(target: int) -> None:
+        barrier.wait()
+        results.append(job.take_over(0, target))
+
+    threads = [threading.Thread(target=take, args=(1 + i % 2,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == [False] * 7 + [True]  # the second finds its source gone
+    live = job.live()
+    assert live in (1, 2) and not job.is_live(0)
 
 
-def test_a_quarantined_job_is_not_one_a_start_resumes(tmp_path: Path) -> None:
-    p = processor_with_jobs(tmp_path, 0.5, a=True, stopped=False)
-    crashes = p.settings.tuning.job_quarantine_crashes
-    JobLedger(p.settings.jobs_path).put(
+def test_a_ghost_of_the_old_owner_is_never_live(tmp_path: Path) -> None:
+    """After the rename, the old owner's writes recreate ``epoch-E`` (Spark creates parents), even
+    its note when it marks the job stopped: the live checkpoint stays the higher epoch's."""
+    job = JobCheckpoints(STORAGE, (tmp_path / "job").as_uri())
+    assert job.claim(3, ckpt.note_for("j", 3, "rows", "numbers"))
+    assert job.is_live(3)
+    assert job.take_over(3, 4)
+    ghost = tmp_path / "job" / "epoch-3"
+    (ghost / "commits").mkdir(parents=True)
+    (ghost / "commits" / "7").write_text("v1")
+    assert job.live() == 4 and not job.is_live(3) and job.is_live(4)
+    ckpt.write_note(STORAGE, job.epoch_dir(3), ckpt.note_for("j", 3, "rows", "numbers"))  # even a note
+    assert job.live() == 4 and not job.is_live(3)
+    assert job.epochs() == [3, 4]  # the ghost's epoch still counts: no later start reuses it
+
+
+def test_verdicts_name_the_jobs_taken_over_stopped_and_quarantined(tmp_path: Path) -> None:
+    a = settings_on(tmp_path, "a")
+    ran(a, "own")
+    ran(a, "fresh-gone")  # its checkpoint removed by an operator: it starts afresh
+    job = ran(a, "moved")
+    taken_over(job)
+    stopped = ran(a, "stopped")
+    ckpt.mark_stopped(STORAGE, stopped.epoch_dir(0))
+    ran(a, "not-to-run", should_run=False)
+    crashes = a.tuning.job_quarantine_crashes
+    ledger_of(a, STORAGE).put(
         LedgerEntry(spec=SPEC.model_copy(update={"id": "q"}), should_run=True, epoch=0, crashes=crashes)
     )
-    held = hold(p, "a")
-    verdicts = {v.entry.spec.id: v.verdict for v in resume_verdicts(p.settings)}
-    assert verdicts == {"a": "held", "q": "quarantined"}  # a job that should not run has none
-    assert set(resume_holders(p.settings)) == {"a"}
-    assert timed(p, yielded=True) >= 0.5  # q will be FAILED, not run: every job it would resume is held
-    held.release()
-    verdicts = {v.entry.spec.id: v.verdict for v in resume_verdicts(p.settings)}
-    assert verdicts == {"a": "resume", "q": "quarantined"}
+    STORAGE.delete(job_checkpoints(a, STORAGE, "fresh-gone").job_dir)
+    verdicts = {v.entry.spec.id: (v.verdict, v.live_epoch) for v in resume_verdicts(a, STORAGE)}
+    assert verdicts == {
+        "own": ("resume", 0),
+        "fresh-gone": ("resume", None),
+        "moved": ("moved", 1),
+        "stopped": ("stopped", 0),
+        "q": ("quarantined", None),
+    }
+    # The other processor's ledger is its own: it names the epoch it took over.
+    b = settings_on(tmp_path, "b")
+    assert a.ledger_uri != b.ledger_uri and resume_verdicts(b, STORAGE) == []
 
 
 class _DeadQuery:
@@ -95,14 +138,12 @@ class _DeadQuery:
 def test_a_job_the_processor_gave_up_on_is_not_one_a_start_resumes(tmp_path: Path) -> None:
     """Control decides whether it runs again, and where; resumed by this processor's next start, it
     would run beside a job control may have failed for good."""
-    settings = ProcessorSettings(
-        data_dir=str(tmp_path), tuning_overrides={"job_restart_attempts": 1, "job_restart_backoff_ms": 0}
-    )
+    settings = settings_on(tmp_path, "p", job_restart_attempts=1, job_restart_backoff_ms=0)
     manager = JobRunner(None, settings, JobMetricsListener(None))  # type: ignore[arg-type]  # no Spark needed
     dead: Any = _DeadQuery()
     for job_id in ("a", "b"):
         spec = SPEC.model_copy(update={"id": job_id})
-        manager.ledger.put(LedgerEntry(spec=spec, should_run=True, epoch=0))
+        ran(settings, job_id)
         manager._set(
             HostedJob(spec=spec, epoch=0, state=JobState.RUNNING, query=dead, running_since=time.monotonic())
         )
@@ -110,7 +151,7 @@ def test_a_job_the_processor_gave_up_on_is_not_one_a_start_resumes(tmp_path: Pat
 
     manager.supervise()  # the first failure: a's restart is due at once
     assert manager.get("a").state == JobState.FAILING
-    assert {v.entry.spec.id for v in resume_verdicts(settings)} == {"a", "b"}  # it restarts the job itself
+    assert {v.entry.spec.id for v in resume_verdicts(settings, STORAGE)} == {"a", "b"}
     manager._set(manager.table.get("a"), state=JobState.RUNNING, query=dead)  # restarted, died again
     manager.supervise()
 
@@ -120,42 +161,80 @@ def test_a_job_the_processor_gave_up_on_is_not_one_a_start_resumes(tmp_path: Pat
     )
     stored = manager.ledger.get("a")
     assert stored is not None and not stored.should_run
-    assert {v.entry.spec.id for v in resume_verdicts(settings)} == {"b"}
+    assert {v.entry.spec.id for v in resume_verdicts(settings, STORAGE)} == {"b"}
 
 
-def test_it_waits_while_every_job_it_ran_is_held_elsewhere(tmp_path: Path) -> None:
-    p = processor_with_jobs(tmp_path, 1.5, a=True, b=True)
-    leases = [hold(p, "a"), hold(p, "b")]
-    assert timed(p, yielded=True) >= 1.5
-    for lease in leases:
-        lease.release()
+class _RunningQuery:
+    """A query that runs (what fence() and _stop_running() read of it)."""
+
+    isActive = True
+    status = {"isTriggerActive": False}
+    runId = "run-1"
+    stopped = False
+
+    def stop(self) -> None:
+        self.stopped = True
 
 
-def test_it_starts_at_once_when_a_held_job_is_free_again(tmp_path: Path) -> None:
-    p = processor_with_jobs(tmp_path, 120, a=True)
-    lease = hold(p, "a")
-    threading.Timer(0.5, lease.release).start()  # the processor that took it over died
-    assert 0.5 <= timed(p, yielded=True) < 60
+def test_a_running_job_whose_checkpoint_was_taken_over_stops_and_leaves_the_ledger(tmp_path: Path) -> None:
+    settings = settings_on(tmp_path, "a")
+    manager = JobRunner(None, settings, JobMetricsListener(None))  # type: ignore[arg-type]
+    manager.spark = _NoTasks()  # type: ignore[assignment]
+    query: Any = _RunningQuery()
+    job = ran(settings, "j")
+    spec = SPEC.model_copy(update={"id": "j"})
+    manager._set(HostedJob(spec=spec, epoch=0, state=JobState.RUNNING, query=query))
+    assert manager.fence() == [] and not query.stopped  # still its own
+    taken_over(job)
+    assert manager.fence() == ["j"] and query.stopped
+    assert manager.list() == []  # no longer reported: control follows the processor that runs it
+    entry = manager.ledger.get("j")
+    assert entry is not None and not entry.should_run
+
+
+class _NoTasks:
+    """Enough of a SparkSession for await_tasks: a stopped SparkContext, which runs no task."""
+
+    class sparkContext:
+        _jsc = None
+
+
+def timed(p: Processor, yielded: bool | None = None) -> float:
+    began = time.monotonic()
+    result = p._yield_to_takeover(STORAGE)
+    if yielded is not None:
+        assert result is yielded
+    return time.monotonic() - began
+
+
+def test_it_waits_when_every_job_it_ran_was_taken_over(tmp_path: Path) -> None:
+    settings = settings_on(tmp_path, "a", taken_over_delay_s=1.0)
+    p = Processor(settings, [], [])
+    taken_over(ran(settings, "x"))
+    taken_over(ran(settings, "y"))
+    assert all_moved(settings, STORAGE)
+    assert timed(p, yielded=True) >= 1.0
 
 
 def test_it_does_not_wait_with_a_job_to_resume_no_job_or_no_delay(tmp_path: Path) -> None:
-    one_free = processor_with_jobs(tmp_path / "one-free", 120, a=True, b=True)
-    held = hold(one_free, "a")
-    assert timed(one_free, yielded=False) < 60
-    held.release()
-    assert timed(processor_with_jobs(tmp_path / "none", 120), yielded=False) < 60
-    no_delay = processor_with_jobs(tmp_path / "no-delay", 0, a=True)
-    held = hold(no_delay, "a")
-    assert timed(no_delay, yielded=True) < 60  # no wait, but its jobs are elsewhere all the same
-    held.release()
+    one_free = settings_on(tmp_path / "1", "a", taken_over_delay_s=120)
+    taken_over(ran(one_free, "x"))
+    ran(one_free, "y")
+    assert timed(Processor(one_free, [], []), yielded=False) < 60
+    assert (
+        timed(Processor(settings_on(tmp_path / "2", "a", taken_over_delay_s=120), [], []), yielded=False) < 60
+    )
+    no_delay = settings_on(tmp_path / "3", "a", taken_over_delay_s=0)
+    taken_over(ran(no_delay, "x"))
+    assert timed(Processor(no_delay, [], []), yielded=True) < 60  # no wait, but its jobs are elsewhere
 
 
 def test_a_stop_ends_the_wait(tmp_path: Path) -> None:
-    p = processor_with_jobs(tmp_path, 120, a=True)
-    lease = hold(p, "a")
+    settings = settings_on(tmp_path, "a", taken_over_delay_s=120)
+    taken_over(ran(settings, "x"))
+    p = Processor(settings, [], [])
     threading.Timer(0.5, p.stop).start()  # SIGTERM while it waits
     assert timed(p) < 60
-    lease.release()
 
 
 def test_a_processor_whose_jobs_were_taken_over_warms_up_as_a_standby() -> None:

@@ -1,21 +1,20 @@
 """What the processor remembers about its jobs across restarts: one JSON file per job.
 
-``<data_dir>/jobs/<job_id>.json`` holds the spec, whether the job should run, the highest epoch the
-job id has used (versions must keep growing across restores: see ``versions``) and its last
-savepoint, and how often Spark's JVM died while it ran. A processor that restarts (after SIGKILL too)
-starts again every job that should run, from its checkpoint, in the same epoch, unless the job was
-running each time the JVM died lately (JobRunner.record_crash).
+``<state_root>/processors/<name>/jobs/<job_id>.json`` holds the spec, whether the job should run, the
+epoch it ran in here (its checkpoint's directory: state/checkpoints.py) and its last savepoint, and
+how often Spark's JVM died while it ran. A processor that restarts (after SIGKILL too, on another
+machine too) starts again every job that should run, from its checkpoint, in the same epoch, unless
+another processor took the job over since or the job was running each time the JVM died lately
+(JobRunner.record_crash).
 """
 
 from __future__ import annotations
 
-import os
-import uuid
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import orjson
 
+from services.processor.state.storage import StateStorage, join
 from shared.errors import SpecError
 from shared.jobspec import JobSpec, parse_job_spec, spec_to_json
 
@@ -34,15 +33,19 @@ class LedgerEntry:
 
 
 class JobLedger:
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, storage: StateStorage, directory: str) -> None:
+        self.storage = storage
         self.directory = directory
 
-    def _path(self, job_id: str) -> Path:
-        return self.directory / f"{job_id}.json"
+    def _path(self, job_id: str) -> str:
+        return join(self.directory, f"{job_id}.json")
 
     def get(self, job_id: str) -> LedgerEntry | None:
         try:
-            raw = orjson.loads(self._path(job_id).read_bytes())
+            data = self.storage.read_bytes(self._path(job_id))
+            if data is None:
+                return None
+            raw = orjson.loads(data)
             return LedgerEntry(
                 spec=parse_job_spec(orjson.dumps(raw["spec"])),
                 should_run=bool(raw["should_run"]),
@@ -50,14 +53,11 @@ class JobLedger:
                 savepoint_path=str(raw.get("savepoint_path", "")),
                 crashes=int(raw.get("crashes", 0)),
             )
-        except FileNotFoundError:
-            return None
         except (OSError, orjson.JSONDecodeError, KeyError, TypeError, ValueError, SpecError):
             # A damaged record must not keep the processor from starting; the job is just not resumed.
             return None
 
     def put(self, job: LedgerEntry) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
         body = {
             "spec": orjson.loads(spec_to_json(job.spec)),
             "should_run": job.should_run,
@@ -65,13 +65,11 @@ class JobLedger:
             "savepoint_path": job.savepoint_path,
             "crashes": job.crashes,
         }
-        path = self._path(job.spec.id)
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:6]}.tmp")
-        tmp.write_bytes(orjson.dumps(body, option=orjson.OPT_INDENT_2))
-        os.replace(tmp, path)
+        self.storage.write_atomic(self._path(job.spec.id), orjson.dumps(body, option=orjson.OPT_INDENT_2))
 
     def all(self) -> list[LedgerEntry]:
-        if not self.directory.is_dir():
-            return []
-        jobs = [self.get(p.stem) for p in sorted(self.directory.glob("*.json"))]
+        names = self.storage.list_names(self.directory)
+        jobs = [
+            self.get(n.removesuffix(".json")) for n in names if n.endswith(".json") and not n.startswith(".")
+        ]
         return [j for j in jobs if j is not None]

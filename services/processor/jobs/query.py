@@ -27,6 +27,10 @@ from shared.kafka import partition_count
 
 REAL_TIME_SHUFFLE_PARTITIONS = 1
 SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
+CHECKPOINT_FILE_MANAGER_KEY = "spark.sql.streaming.checkpointFileManagerClass"
+FILE_CONTEXT_MANAGER = (
+    "org.apache.spark.sql.execution.streaming.checkpointing.FileContextBasedCheckpointFileManager"
+)
 
 
 def _records(spec: JobSpec, plan: Plan, epoch: int) -> DataFrame:
@@ -73,7 +77,7 @@ def start_query(
         writer = writer.trigger(realTime=interval)  # type: ignore[call-overload]
     else:
         writer = writer.trigger(processingTime=interval)
-    with _state_partitions_of(spark, spec, bootstrap):
+    with _state_partitions_of(spark, spec, bootstrap), _checkpoint_manager_for(spark, checkpoint_dir):
         return writer.start()
 
 
@@ -115,6 +119,22 @@ def state_partitions(spark: SparkSession, spec: JobSpec, bootstrap: str) -> int:
     configured = int(spark.conf.get(SHUFFLE_PARTITIONS) or "200")
     most = max(partition_count(bootstrap, source.valid_topic) for source in spec.sources)
     return min(configured, most) if most > 0 else configured
+
+
+@contextmanager
+def _checkpoint_manager_for(spark: SparkSession, checkpoint_dir: str) -> Iterator[None]:
+    """Spark's FileContext checkpoint manager for a checkpoint off the local disk (HDFS): its rename
+    of a finished file refuses an existing destination in one NameNode call. Local checkpoints keep
+    the session's FileSystem manager (spark/session.py)."""
+    if not checkpoint_dir.startswith("hdfs:"):
+        yield
+        return
+    previous = spark.conf.get(CHECKPOINT_FILE_MANAGER_KEY)
+    spark.conf.set(CHECKPOINT_FILE_MANAGER_KEY, FILE_CONTEXT_MANAGER)
+    try:
+        yield
+    finally:
+        spark.conf.set(CHECKPOINT_FILE_MANAGER_KEY, previous or FILE_CONTEXT_MANAGER)
 
 
 @contextmanager

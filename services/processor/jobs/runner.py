@@ -1,7 +1,9 @@
 """The job runner: starts, stops, saves and restarts this processor's streaming queries.
 
-- **start** checks the spec with Spark, then resumes the job's checkpoint, or restores a savepoint
-  into it first, and starts the query in the job's epoch (jobs/versions.py).
+- **start** checks the spec with Spark, then runs the job in an epoch directory of its own under the
+  state root (state/checkpoints.py): its own checkpoint's again (a resume), the live one renamed to
+  a higher epoch (a takeover: the single-winner step), a restored savepoint's, or a new one.
+- **fence**: a job whose checkpoint another processor took over is stopped here (supervise).
 - **stop** stops the query between two micro-batches; **with a savepoint** it then copies the
   checkpoint (jobs/savepoints.py). If the copy fails the job runs on from its checkpoint, as Flink
   does when a stop-with-savepoint fails.
@@ -16,7 +18,6 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from pathlib import Path
 from typing import Any
 
 from py4j.protocol import Py4JError
@@ -25,22 +26,25 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from services.processor.errors import (
+    CheckpointTakenError,
     JobStateError,
     PathRefusedError,
     ProcessorError,
     SavepointError,
 )
 from services.processor.jobs import savepoints
-from services.processor.jobs.leases import CheckpointBusyError, CheckpointLease
-from services.processor.jobs.ledger import JobLedger, LedgerEntry
+from services.processor.jobs.ledger import LedgerEntry
 from services.processor.jobs.plan import Plan, build_plan
 from services.processor.jobs.query import check_task_slots, start_query
-from services.processor.jobs.recovery import checkpoint_lease, checkpoint_of, next_epoch, resume_verdicts
+from services.processor.jobs.recovery import job_checkpoints, ledger_of, next_epoch, resume_verdicts
 from services.processor.jobs.table import HostedJob, JobTable, JobView
 from services.processor.jobs.versions import ROW_VERSIONS
 from services.processor.metrics import JOB_RESTARTS, JobMetricsListener
 from services.processor.settings import ProcessorSettings
 from services.processor.spark.scheduler import STOPPED_TASKS_TIMEOUT_S, await_tasks
+from services.processor.state import checkpoints as ckpt
+from services.processor.state.checkpoints import JobCheckpoints
+from services.processor.state.storage import HadoopStorage, StateStorage, is_local, shown, storage_for, to_uri
 from shared.allowed_paths import refusal, under_roots
 from shared.errors import SpecError
 from shared.jobspec import JobSpec
@@ -62,18 +66,33 @@ class JobRunner:
         self.spark = spark
         self.settings = settings
         self.listener = listener
-        self.ledger = JobLedger(settings.jobs_path)
+        self.storage = storage_for(settings.state_root_uri, spark)
+        self.ledger = ledger_of(settings, self.storage)
         self.table = JobTable(listener)
-        # One writer per checkpoint across processors that share them (jobs/leases.py).
-        self._leases: dict[str, CheckpointLease] = {}
-        self._leases_lock = threading.Lock()
         self._command_lock = threading.RLock()  # one start/stop/restart at a time
         # Called before each start, outside the lock: an idle processor's warm-up gives way.
         self.before_start: Callable[[], None] = lambda: None
 
-    # --- paths ------------------------------------------------------------------------------------
-    def checkpoint_dir(self, job_id: str) -> Path:
-        return checkpoint_of(self.settings, job_id)
+    # --- state ------------------------------------------------------------------------------------
+    def checkpoints(self, job_id: str) -> JobCheckpoints:
+        return job_checkpoints(self.settings, self.storage, job_id)
+
+    def checkpoint_dir(self, job_id: str) -> str:
+        """The URI of the checkpoint the job runs on here, else of its live one (its job directory's
+        ``epoch-0`` when it has none)."""
+        job = self.table.find(job_id)
+        checkpoints = self.checkpoints(job_id)
+        epoch = job.epoch if job is not None else checkpoints.live()
+        return checkpoints.epoch_dir(epoch if epoch is not None else 0)
+
+    def storage_of(self, *uris: str) -> StateStorage:
+        """The storage that reaches all of ``uris`` (savepoints may live on another file system)."""
+        if all(is_local(u) for u in uris):
+            return storage_for(uris[0])
+        return HadoopStorage(self.spark)
+
+    def savepoint_spec(self, path: str) -> JobSpec:
+        return savepoints.load(self.storage_of(to_uri(path)), path).spec
 
     # --- reads ------------------------------------------------------------------------------------
     def get(self, job_id: str) -> JobView:
@@ -146,15 +165,17 @@ class JobRunner:
             if current is not None and current.state in ACTIVE_STATES:
                 raise JobStateError(f"job {spec.id} is already {current.state}")
             savepoint = self._savepoint(from_savepoint, spec)
-            state = savepoint.checkpoint if savepoint is not None else self.checkpoint_dir(spec.id)
-            # Checked before any file is touched: a bad spec changes nothing.
-            plan = self.plan(spec, *savepoints.state_format(state))
-            lease = self._take_lease(spec.id)  # nor one another processor's query is writing
-            try:
-                epoch = self._prepare_checkpoint(spec.id, savepoint, plan, lease)
-            except BaseException:
-                self._release(spec.id)
-                raise
+            checkpoints = self.checkpoints(spec.id)
+            live = checkpoints.live()
+            if savepoint is not None:
+                plan = self.plan(
+                    spec, *ckpt.state_format(self.storage_of(savepoint.path), savepoint.checkpoint)
+                )
+            elif live is not None:
+                plan = self.plan(spec, *ckpt.state_format(self.storage, checkpoints.epoch_dir(live)))
+            else:
+                plan = self.plan(spec)  # checked before any file is touched: a bad spec changes nothing
+            epoch = self._prepare_checkpoint(spec, savepoint, plan, live)
             job = HostedJob(
                 spec=spec,
                 epoch=epoch,
@@ -173,36 +194,62 @@ class JobRunner:
         if not path:
             return None
         self.check_savepoint_path(path, "from_savepoint")
-        savepoint = savepoints.load(path)
+        savepoint = savepoints.load(self.storage_of(to_uri(path)), path)
         savepoints.check_compatible(savepoint, spec)
         return savepoint
 
     def _prepare_checkpoint(
-        self, job_id: str, savepoint: savepoints.Savepoint | None, plan: Plan, lease: CheckpointLease
+        self, spec: JobSpec, savepoint: savepoints.Savepoint | None, plan: Plan, live: int | None
     ) -> int:
-        """Restore the savepoint into the job's checkpoint, or note the checkpoint's format in it;
-        returns the epoch the job runs in."""
-        epoch = self._epoch_for(job_id, savepoint)
-        checkpoint = self.checkpoint_dir(job_id)
-        if savepoint is None:
-            savepoints.write_note(checkpoint, job_id, epoch, plan.versions, trace=plan.trace)
-            return epoch
-        moved = savepoints.restore(savepoint, checkpoint, job_id, epoch, plan.versions, plan.trace)
-        lease.renew()  # the restored checkpoint is a new directory, with a lease file of its own
-        if moved is not None:
-            log.info("job %s: previous checkpoint moved to %s", job_id, moved)
+        """Make the job's checkpoint for this start and return the epoch it runs in:
+
+        - its own (the ledger names the live epoch): resumed in that epoch;
+        - another processor's (a takeover): renamed to a higher epoch, the single-winner step;
+        - a savepoint's: restored into a new epoch, the live one set aside;
+        - none yet: a new epoch directory, created exclusively.
+
+        CheckpointTakenError when another start won the rename or the creation.
+        """
+        job_id, storage = spec.id, self.storage
+        checkpoints = self.checkpoints(job_id)
+        entry = self.ledger.get(job_id)
+        known = [*checkpoints.epochs(), *([entry.epoch] if entry is not None else [])]
+        if live is not None:
+            note = ckpt.read_note(storage, checkpoints.epoch_dir(live))
+            known += [int(note["epoch"])] if "epoch" in note else []
+        own = savepoint is None and live is not None and entry is not None and entry.epoch == live
+        epoch = next_epoch(known, own, savepoint.epoch if savepoint is not None else None)
+        note = ckpt.note_for(job_id, epoch, plan.versions, plan.trace or "")
+        if savepoint is not None:
+            moved = savepoints.restore(
+                self.storage_of(savepoint.path, checkpoints.job_dir),
+                savepoint,
+                checkpoints,
+                job_id,
+                epoch,
+                plan.versions,
+                plan.trace,
+            )
+            if moved is not None:
+                log.info("job %s: previous checkpoint moved to %s", job_id, moved)
+        elif live is None:
+            if not checkpoints.claim(epoch, note):
+                raise CheckpointTakenError(f"job {job_id} did not start: another start created epoch {epoch}")
+        elif own:
+            ckpt.write_note(storage, checkpoints.epoch_dir(epoch), note)  # clears a stop mark
+        else:
+            if not checkpoints.take_over(live, epoch):
+                raise CheckpointTakenError(
+                    f"job {job_id} did not start: another processor took its checkpoint (epoch {live}) first"
+                )
+            ckpt.write_note(storage, checkpoints.epoch_dir(epoch), note)
+            self._took_over(spec, epoch)
         return epoch
 
-    def _epoch_for(self, job_id: str, savepoint: savepoints.Savepoint | None) -> int:
-        entry = self.ledger.get(job_id)
-        checkpoint = self.checkpoint_dir(job_id)
-        note = savepoints.read_note(checkpoint)
-        known = ([entry.epoch] if entry else []) + ([int(note["epoch"])] if "epoch" in note else [])
-        return next_epoch(
-            known=known,
-            resumes_checkpoint=savepoint is None and (checkpoint / "metadata").exists(),
-            savepoint_epoch=savepoint.epoch if savepoint is not None else None,
-        )
+    def _took_over(self, spec: JobSpec, epoch: int) -> None:
+        """Called right after this processor renamed the job's checkpoint to ``epoch``: from here no
+        other processor can commit into it. The place to fence what the old owner may still write."""
+        log.info("job %s: took its checkpoint over in epoch %d", spec.id, epoch)
 
     def _run(self, job: HostedJob, plan: Plan | None = None) -> None:
         spec = job.spec
@@ -211,49 +258,36 @@ class JobRunner:
             ensure_topics(self.settings.kafka_bootstrap, topics, self.settings.topic_partitions)
             if spec.trigger_mode == "real_time":
                 self._check_task_slots(spec)
-            self._lease(spec.id).acquire()
+            if not self.checkpoints(spec.id).is_live(job.epoch):
+                raise CheckpointTakenError(f"job {spec.id}: another processor took its checkpoint over")
             query = start_query(
                 self.spark,
                 spec,
                 self.settings.kafka_bootstrap,
-                str(self.checkpoint_dir(spec.id)),
+                self.checkpoints(spec.id).epoch_dir(job.epoch),
                 self.settings.tuning.max_offsets_per_trigger,
                 epoch=job.epoch,
                 plan=plan or self.plan(spec, job.versions, job.trace),
             )
-        except CheckpointBusyError as e:  # another processor runs it (control sorts out which)
-            self.table.forget(job)  # never ran here: nothing to report in heartbeats
-            raise CheckpointBusyError(f"job {spec.id} did not start: {e}") from None
+        except CheckpointTakenError:  # another processor runs it now (control sorts out which)
+            self._yield(job)
+            raise
         except (SpecError, ProcessorError):
-            self._release(spec.id)
             self._set(job, state=JobState.FAILED, message="the spec no longer starts")
             raise
         except Exception as e:  # Spark or Kafka refused: the job fails, the service does not
-            self._release(spec.id)
             self._set(job, state=JobState.FAILED, message=_first_line(e))
             raise ProcessorError(f"job {spec.id} did not start: {_first_line(e)}") from e
         self._set(job, query=query, state=JobState.RUNNING, message="", running_since=time.monotonic())
         log.info("job %s running (epoch %d, checkpoint %s)", spec.id, job.epoch, self.checkpoint_dir(spec.id))
 
-    def _take_lease(self, job_id: str) -> CheckpointLease:
-        """The job's checkpoint lease, taken; CheckpointBusyError (ABORTED over gRPC) if held elsewhere."""
-        lease = self._lease(job_id)
-        try:
-            lease.acquire()
-        except CheckpointBusyError as e:  # another processor runs it (control sorts out which)
-            self._release(job_id)
-            raise CheckpointBusyError(f"job {job_id} did not start: {e}") from None
-        return lease
-
-    def _lease(self, job_id: str) -> CheckpointLease:
-        with self._leases_lock:
-            return self._leases.setdefault(job_id, checkpoint_lease(self.settings, job_id))
-
-    def _release(self, job_id: str) -> None:
-        with self._leases_lock:
-            lease = self._leases.pop(job_id, None)
-        if lease is not None:
-            lease.release()
+    def _yield(self, job: HostedJob) -> None:
+        """The job moved to another processor: off this one's table (heartbeats stop reporting it, so
+        control follows the processor that runs it) and not resumed by this one's next start."""
+        self.table.forget(job)
+        entry = self.ledger.get(job.spec.id)
+        if entry is not None and entry.should_run and entry.epoch == job.epoch:
+            self.ledger.put(entry.with_(should_run=False))
 
     def _check_task_slots(self, spec: JobSpec) -> None:
         others = [
@@ -281,16 +315,19 @@ class JobRunner:
                 self._set(job, state=JobState.CANCELED, message="stopped")
                 self.ledger.put(LedgerEntry(spec=job.spec, should_run=False, epoch=job.epoch))
                 return self.table.view(job)
-            root = Path(savepoint_dir) if savepoint_dir else self.settings.savepoints_path
+            root = to_uri(savepoint_dir) if savepoint_dir else self.settings.savepoints_uri
+            checkpoint = self.checkpoint_dir(job_id)
             try:
-                taken = savepoints.take(self.checkpoint_dir(job_id), job.spec, job.epoch, root)
+                taken = savepoints.take(
+                    self.storage_of(checkpoint, root), checkpoint, job.spec, job.epoch, root
+                )
             except SavepointError as e:
                 log.error("job %s: %s; starting it again from its checkpoint", job_id, e)
                 self._set(job, state=previous)
+                ckpt.clear_stopped(self.storage, checkpoint)  # it runs again here
                 self._run(job)
-                savepoints.clear_stopped(self.checkpoint_dir(job_id))  # it runs again here
                 raise SavepointError(f"{e}; the job keeps running") from e
-            path = str(taken.path)
+            path = shown(taken.path)
             self._set(job, state=JobState.FINISHED, message="stopped with a savepoint", savepoint_path=path)
             self.ledger.put(
                 LedgerEntry(spec=job.spec, should_run=False, epoch=job.epoch, savepoint_path=path)
@@ -299,16 +336,13 @@ class JobRunner:
             return self.table.view(job)
 
     def _stop_query(self, job: HostedJob, at_batch_boundary: bool, stopped: bool = False) -> None:
-        """Stop the job's query and let its checkpoint go; ``stopped``: the job is being stopped
-        (cancelled, or for a savepoint), which its checkpoint's note says before another processor
-        can take the lease."""
+        """Stop the job's query; ``stopped``: the job is being stopped (cancelled, or for a
+        savepoint), which its checkpoint's note says for a processor that still lists it to resume."""
         query = job.query
         if query is not None:
             self._stop_running(job, query, at_batch_boundary)
         if stopped:
-            savepoints.mark_stopped(self.checkpoint_dir(job.spec.id))
-        if query is not None:
-            self._release(job.spec.id)  # stopped: no longer writing its checkpoint
+            ckpt.mark_stopped(self.storage, self.checkpoints(job.spec.id).epoch_dir(job.epoch))
 
     def _stop_running(self, job: HostedJob, query: StreamingQuery, at_batch_boundary: bool) -> None:
         if at_batch_boundary and query.isActive:
@@ -323,8 +357,8 @@ class JobRunner:
             raise  # the JVM is gone: nothing left to stop (the caller decides what that means)
         except Exception as e:  # a query that failed while stopping is stopped all the same
             log.warning("job %s: stopping its query: %s", job.spec.id, _first_line(e))
-        # Its checkpoint is copied (a savepoint) or released to another processor next: a task of the
-        # last batch, killed, may still be writing it.
+        # Its checkpoint is copied (a savepoint) or taken over by another processor next: a task of
+        # the last batch, killed, may still be writing it.
         if not await_tasks(self.spark, str(query.runId), STOPPED_TASKS_TIMEOUT_S):
             log.warning(
                 "job %s: a task of its query still ran %.0f s after it stopped",
@@ -370,7 +404,6 @@ class JobRunner:
                 error = query.exception()
                 if error is None:  # stopped behind our back
                     self._set(job, state=JobState.CANCELED, query=None, message="query stopped")
-                    self._release(job.spec.id)
                     continue
                 failures = job.failures + 1
                 if now - job.running_since > s.tuning.job_failure_reset_s:
@@ -379,7 +412,6 @@ class JobRunner:
                 log.error("job %s failed (%d): %s", job.spec.id, failures, message)
                 if failures > s.tuning.job_restart_attempts:
                     self._give_up(job, message, query=None, failures=failures)
-                    self._release(job.spec.id)  # given up here: another processor may take it
                     continue
                 delay = s.tuning.job_restart_backoff_ms / 1000 * 2 ** (failures - 1)
                 self._set(job, state=JobState.FAILING, query=None, failures=failures, message=message)
@@ -391,13 +423,48 @@ class JobRunner:
                     JOB_RESTARTS.labels(job.spec.id).inc()
                     try:
                         self._run(job)
+                    except CheckpointTakenError as e:
+                        log.warning("%s: not restarted here", e)
                     except (ProcessorError, SpecError) as e:
                         self._give_up(job, _first_line(e))
+        self.fence()
+
+    def fence(self) -> Sequence[str]:
+        """Stop every query here whose checkpoint another processor took over since it started (its
+        epoch directory is no longer the job's live one); the ids of those jobs.
+
+        After the takeover's rename, Spark's atomic creates of the old owner land in the old path and
+        no longer reach the job's checkpoint; this stops the query itself soon after. A query whose
+        check fails (the state root unreachable) runs on: its own writes fail the same way."""
+        moved = []
+        for job in self.table.jobs():
+            if job.state != JobState.RUNNING or job.query is None:
+                continue
+            try:
+                live = self.checkpoints(job.spec.id).is_live(job.epoch)
+            except OSError as e:
+                log.warning("job %s: cannot check its checkpoint: %s", job.spec.id, e)
+                continue
+            if live:
+                continue
+            with self._command_lock:
+                if self.table.find(job.spec.id) is not job or job.query is None:
+                    continue
+                log.warning(
+                    "job %s: another processor took its checkpoint over (epoch %d is no longer the live "
+                    "one); stopping it here",
+                    job.spec.id,
+                    job.epoch,
+                )
+                self._stop_running(job, job.query, at_batch_boundary=False)
+                self._yield(job)
+                moved.append(job.spec.id)
+        return moved
 
     def resume_stored(self, skip: set[str]) -> None:
         """Start again every job that ran when the processor last stopped (or died), but those
         ``stored_verdicts`` rules out; quarantined ones are FAILED with the reason."""
-        for v in resume_verdicts(self.settings):
+        for v in resume_verdicts(self.settings, self.storage):
             entry = v.entry
             if entry.spec.id in skip:
                 continue
@@ -413,12 +480,15 @@ class JobRunner:
                 # Control moved it while this processor was down, and it was stopped where it ran.
                 log.info("job %s not resumed: it was stopped since it last ran here", entry.spec.id)
                 self.ledger.put(entry.with_(should_run=False))
-            elif v.verdict == "held":  # control moved it while this processor was down: no Spark work
+            elif v.verdict == "moved":  # control moved it while this processor was down: no Spark work
                 log.info(
-                    "job %s not resumed: its checkpoint is in use by another query (%s)",
+                    "job %s not resumed: another processor took it over (its checkpoint is in epoch %s now, "
+                    "not %d)",
                     entry.spec.id,
-                    v.holder,
+                    v.live_epoch,
+                    entry.epoch,
                 )
+                self.ledger.put(entry.with_(should_run=False))
             else:
                 began = time.monotonic()
                 try:

@@ -137,9 +137,10 @@ def build_spark(settings: ProcessorSettings, jars: list[str], scratch: Path | No
         .config("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
         # Each batch uploads only the changed state, not a RocksDB snapshot.
         .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
-        # FileSystem, not FileContext: without Hadoop's native library FileContext's rename forks
-        # `readlink`. Its overwrite-refusing rename is not needed: the checkpoint lease already keeps
-        # a second query off the checkpoint.
+        # FileSystem, not FileContext, for local checkpoints: without Hadoop's native library
+        # FileContext's rename forks `readlink`. Two queries never write one checkpoint directory
+        # (each start runs in an epoch directory of its own: state/checkpoints.py); checkpoints on
+        # HDFS get FileContext per query (jobs/query.py).
         .config("spark.sql.streaming.checkpointFileManagerClass", CHECKPOINT_FILE_MANAGER)
         # Without these Spark binds to the first non-loopback address.
         .config("spark.driver.host", "127.0.0.1")

@@ -1,0 +1,1 @@
+"""Where a job's state lives: the storage interface (local or Hadoop) and the epoch directories."""
