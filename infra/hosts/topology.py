@@ -26,6 +26,7 @@ from infra.errors import InfraError
 from infra.hosts import net
 from infra.hosts.net import NetHost
 from infra.local import procs
+from infra.local.hdfs import DataNode, NameNode
 from infra.local.redis_server import RedisServer
 from infra.local.stack import StackConfig, start_service, token_file, wait_process_ready
 from infra.paths import RUN_DIR
@@ -35,13 +36,16 @@ HOSTS = 5
 # host index -> its processes. Host 1 carries what has a single copy; hosts 2 and 3 one of each
 # replicated part; the active processor and its standby have a host each.
 LAYOUT: dict[int, tuple[str, ...]] = {
-    1: ("kafka-1", "spark-master", "redis", "control"),
-    2: ("kafka-2", "spark-worker-1", "ingest-1", "sink-1"),
-    3: ("kafka-3", "spark-worker-2", "ingest-2", "sink-2"),
+    1: ("kafka-1", "hdfs-namenode", "hdfs-datanode-1", "spark-master", "redis", "control"),
+    2: ("kafka-2", "hdfs-datanode-2", "spark-worker-1", "ingest-1", "sink-1"),
+    3: ("kafka-3", "hdfs-datanode-3", "spark-worker-2", "ingest-2", "sink-2"),
     4: ("processor-1",),
     5: ("processor-2",),
 }
 KAFKA_PORT, CONTROLLER_PORT = 9092, 9093
+NAMENODE_PORT, NAMENODE_HTTP_PORT = 9820, 9870
+# Every block on two of the three DataNodes: one may die and every file stays readable and writable.
+HDFS_REPLICATION = 2
 SPARK_PORT, SPARK_UI_PORT, WORKER_PORT, WORKER_UI_PORT = 7077, 8080, 7078, 8090
 ACTIVE, STANDBY = "processor-1", "processor-2"
 
@@ -56,9 +60,6 @@ class HostsConfig:
     executor_cores: int = 1
     executor_memory: str = "512m"
     driver_memory: str = "768m"
-    # Where the processors keep checkpoints, savepoints and their job lists: storage every host
-    # reaches (hdfs://...). Empty: each processor's own host directory, so no job survives its host.
-    state_root: str = ""
     control_token: str = ""
     # Extra environment per service ("control", "ingest", "processor", "sink").
     service_env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
@@ -119,6 +120,32 @@ def kafka(cfg: HostsConfig) -> KafkaCluster:
     )
 
 
+def namenode(cfg: HostsConfig) -> NameNode:
+    h = host_of("hdfs-namenode")
+    return NameNode(
+        host_dir(cfg, h),
+        host=h.address,
+        netns=h.netns,
+        port=NAMENODE_PORT,
+        http_port=NAMENODE_HTTP_PORT,
+        replication=HDFS_REPLICATION,
+    )
+
+
+def datanodes(cfg: HostsConfig) -> list[DataNode]:
+    uri = namenode(cfg).uri
+    out = []
+    for i in (1, 2, 3):
+        h = host_of(f"hdfs-datanode-{i}")
+        out.append(DataNode(host_dir(cfg, h), uri, name=f"hdfs-datanode-{i}", host=h.address, netns=h.netns))
+    return out
+
+
+def state_root(cfg: HostsConfig) -> str:
+    """Where the processors keep checkpoints, savepoints and their job lists: on HDFS."""
+    return f"{namenode(cfg).uri}/streamforge"
+
+
 def redis(cfg: HostsConfig) -> RedisServer:
     h = host_of("redis")
     return RedisServer(host_dir(cfg, h), stack_config(cfg).redis_port, host=h)
@@ -175,11 +202,11 @@ def replicas(cfg: HostsConfig) -> list[Replica]:
     for process in (ACTIVE, STANDBY):
         h = host_of(process)
         ready = _metrics_url(h, stack.metrics_ports[1])
-        out.append(Replica(process, "processor", h, processor_env(cfg, h), ready))
+        out.append(Replica(process, "processor", h, processor_env(cfg, h, process), ready))
     return out
 
 
-def processor_env(cfg: HostsConfig, h: NetHost) -> dict[str, str]:
+def processor_env(cfg: HostsConfig, h: NetHost, process: str) -> dict[str, str]:
     app_conf = {
         **spark_conf(cfg.run_dir),
         "spark.executor.memory": cfg.executor_memory,
@@ -188,15 +215,18 @@ def processor_env(cfg: HostsConfig, h: NetHost) -> dict[str, str]:
         # Executors on the workers' hosts call the driver back at its host's address.
         "spark.driver.host": h.address,
         "spark.driver.bindAddress": h.address,
+        # A write pipeline that lost a DataNode goes on with the one left rather than fail the
+        # checkpoint: the third DataNode is the only replacement, and it may be the one down.
+        "spark.hadoop.dfs.client.block.write.replace-datanode-on-failure.best-effort": "true",
     }
     env = {
         "SF_PROCESSOR_SPARK_MASTER": spark_master(cfg).url,
         "SF_PROCESSOR_SPARK_CONF": json.dumps(app_conf),
         "SF_PROCESSOR_DRIVER_MEMORY": cfg.driver_memory,
         "SF_PROCESSOR_JOB_SPECS": "[]",  # control places every job
+        "SF_PROCESSOR_STATE_ROOT": state_root(cfg),
+        "SF_PROCESSOR_NAME": process,  # its job list under the state root
     }
-    if cfg.state_root:
-        env["SF_PROCESSOR_STATE_ROOT"] = cfg.state_root
     return env
 
 
@@ -275,6 +305,11 @@ def up(cfg: HostsConfig, step: Callable[[str], None] = print, *, standby: bool =
     k = kafka(cfg)
     step(f"Kafka: three KRaft nodes on {k.bootstrap_servers}")
     k.start()
+    nn, dns = namenode(cfg), datanodes(cfg)
+    step(f"HDFS: NameNode {nn.uri}, {len(dns)} DataNodes")
+    nn.start()
+    for d in dns:
+        d.start()
     master = spark_master(cfg)
     master.start()
     r.wait_ready()
@@ -285,6 +320,7 @@ def up(cfg: HostsConfig, step: Callable[[str], None] = print, *, standby: bool =
     k.wait_ready(180)
     for w in workers:
         w.wait_ready(120)
+    nn.wait_ready(len(dns), 180)
     step("infrastructure ready; starting the services")
     services = [x for x in replicas(cfg) if standby or x.process != STANDBY]
     for x in services:

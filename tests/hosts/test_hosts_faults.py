@@ -5,7 +5,8 @@ the network. One chaos run (tests/chaos/harness.py: three jobs, late, bad and du
 every job placed on the active processor (host sf-h4; the standby on sf-h5 starts once they run),
 while ``HostFaults`` injects, one after another:
 
-- ``kafka``: the Kafka node leading most partitions SIGKILLed, restarted once work flows again;
+- ``datanode+kafka``: an HDFS DataNode and the Kafka node leading most partitions SIGKILLed
+  together; both restarted once work flows again;
 - ``host-loss``: every process of the active processor's host SIGKILLed; the standby resumes the
   jobs from the shared state; the host then comes back (its processor restarted, now the standby);
 - ``cut``: the now active processor's host cut off the network (its bridge port down) while it keeps
@@ -68,7 +69,7 @@ PLAN = Plan(
     seed=13,
     load_after_faults_s=10,
 )
-FAULTS = ("kafka", "host-loss", "cut")
+FAULTS = ("datanode+kafka", "host-loss", "cut")
 CUT_S = 60.0
 GAP_S = 5.0
 FLOW_TIMEOUT_S = 180.0
@@ -181,7 +182,7 @@ class HostFaults(Faults):
 
     def _inject(self, action: str) -> dict[str, Any]:
         inject: dict[str, Callable[[], dict[str, Any]]] = {
-            "kafka": self._kill_kafka_node,
+            "datanode+kafka": self._kill_datanode_and_kafka_node,
             "host-loss": self._lose_active_host,
             "cut": self._cut_active_host,
         }
@@ -223,7 +224,7 @@ class HostFaults(Faults):
         os.killpg(pid, signal.SIGKILL)
         procs.wait_for(lambda: not procs.is_running(process, run_dir), 30, f"{process} to die")
 
-    def _kill_kafka_node(self) -> dict[str, Any]:
+    def _kill_datanode_and_kafka_node(self) -> dict[str, Any]:
         k = self.kafka
         metadata = k._admin().list_topics(timeout=10)
         leading = {n.node_id: 0 for n in k.nodes}
@@ -232,16 +233,21 @@ class HostFaults(Faults):
                 if p.leader in leading:
                     leading[p.leader] += 1
         victim = k.node(max(leading, key=lambda n: (leading[n], n)))
+        datanode = hosts.datanodes(self.topo)[1]
         before = self.flow.progress()
         killed_at = time.monotonic()
         self._kill(victim.name)
+        self._kill(datanode.name)
         flowing = self.flow.wait_flowing(killed_at, before)
         victim.start()
+        datanode.start()
         victim.wait_ready(120)
+        hosts.namenode(self.topo).wait_ready(3, 120)
         k.wait_fully_replicated(180)
         return {
             "kafka_node": victim.name,
             "led_partitions": leading[victim.node_id],
+            "datanode": datanode.name,
             **flowing,
             "in_sync_s": round(time.monotonic() - killed_at, 1),
         }
@@ -363,8 +369,8 @@ def _exact(report: dict[str, Any]) -> None:
 
 
 @pytest.mark.timeout(1500)
-def test_kafka_node_killed_under_load_every_window_exact(hosts_run: dict[str, Any]) -> None:
-    fault = _fault(hosts_run, "kafka")
+def test_datanode_and_kafka_node_killed_under_load_every_window_exact(hosts_run: dict[str, Any]) -> None:
+    fault = _fault(hosts_run, "datanode+kafka")
     assert fault["measured"]["led_partitions"] > 0
     _exact(hosts_run)
 
