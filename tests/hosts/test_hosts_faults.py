@@ -197,11 +197,16 @@ class HostFaults(Faults):
         ).json()["services"]
         return [r for r in rows if r["health"] == "alive"]
 
-    def _active(self) -> tuple[str, str]:
-        """(process, control's instance id) of the processor running the jobs."""
-        rows = self._processors()
-        busy = [r for r in rows if r["jobs"]]
-        assert len(busy) == 1 and sorted(busy[0]["jobs"]) == sorted(self.job_ids), rows
+    def _active(self, timeout_s: float = 60) -> tuple[str, str]:
+        """(process, control's instance id) of the processor running the jobs, once only one does."""
+        rows: list[dict[str, Any]] = []
+
+        def one() -> bool:
+            rows[:] = [r for r in self._processors() if r["jobs"]]
+            return len(rows) == 1 and sorted(rows[0]["jobs"]) == sorted(self.job_ids)
+
+        procs.wait_for(one, timeout_s, "one processor running every job")
+        busy = rows
         by_address = {hosts.host_of(p).address: p for p in (hosts.ACTIVE, hosts.STANDBY)}
         return by_address[busy[0]["host"]], busy[0]["instance_id"]
 
@@ -267,9 +272,11 @@ class HostFaults(Faults):
         hosts.start_replica(self.topo, r)
         hosts.wait_replica(self.topo, r)
         procs.wait_for(lambda: len(self._processors()) == 2, 120, f"{process} registered again")
-        time.sleep(5)
+        # Long enough for it to resume what its job list names, had it not been fenced off.
+        time.sleep(20)
         now_active, _ = self._active()
         assert now_active != process, f"{process} took its jobs back after its host came back"
+        assert not running_jobs(self.topo, process), f"{process} runs copies of jobs it lost"
         return {
             "host": h.name,
             "processes_killed": len(killed),
