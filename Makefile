@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | cksum | cut -d' ' -f1)
 UV_VERSION := 0.13.9
 
-.PHONY: setup demo cluster test test-cluster bench chaos lint typecheck unit integration e2e stop status lock clean images test-containers
+.PHONY: setup demo cluster test test-cluster test-hosts bench chaos lint typecheck unit integration e2e stop status lock clean images test-containers
 
 # A virtualenv with the pinned dependencies of requirements.lock (re-installed when it changes).
 $(STAMP): requirements.lock pyproject.toml
@@ -30,14 +30,20 @@ demo: setup
 cluster: setup
 	@$(BIN)/python -m infra cluster up
 
-# The container tests (podman, minutes) run in `make test-containers`, the cluster's in `make test-cluster`.
+# The container tests (podman, minutes) run in `make test-containers`, the cluster's in `make test-cluster`,
+# the hosts' in `make test-hosts`.
 test: setup lint typecheck
-	@$(BIN)/pytest -q -ra -m "not containers" --ignore=tests/cluster
+	@$(BIN)/pytest -q -ra -m "not containers" --ignore=tests/cluster --ignore=tests/hosts
 
 # Faults in the cluster topology (SIGKILL of a broker, a Spark worker, a processor, an ingest and a
 # sink replica under load), judged by the chaos oracle; its own target: it starts ~15 processes.
 test-cluster: setup
 	@$(BIN)/pytest -q -ra tests/cluster
+
+# Whole hosts lost or cut off under load: five network namespaces on a bridge (root), nothing shared
+# but the network (infra/hosts/), judged by the chaos oracle.
+test-hosts: setup
+	@$(BIN)/pytest -q -ra tests/hosts
 
 # The four service images (podman; Debian base from mmdebstrap, no registry), rebuilt only when their
 # inputs change: infra/images/build.py. Installs podman, runc and mmdebstrap when missing (root).

@@ -147,7 +147,7 @@ def _start(
         server.start()
     # The metrics port opens once the service really runs: the stack's readiness check relies on it.
     if wiring.metrics_port:
-        teardown.callback(serve_metrics(wiring.metrics_port))
+        teardown.callback(serve_metrics(wiring.metrics_port, settings.bind_host))
     if server is not None:
         registration = start_registration(
             settings, name, grpc_port=server.port, metrics_port=wiring.metrics_port, jobs=wiring.jobs, tls=tls

@@ -15,6 +15,7 @@ name (``kafka-1``...), ports and data. Layout under run_dir:
 from __future__ import annotations
 
 import json
+import signal
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -41,17 +42,23 @@ class KafkaNode(KafkaBroker):
         heap: str = "448m",
         *,
         cache_dir: Path = CACHE_DIR,
+        hosts: Sequence[procs.Host] = (),
     ) -> None:
         if not 1 <= node_id <= len(ports):
             raise InfraError(f"node id {node_id} is outside 1..{len(ports)}")
+        self.hosts = list(hosts) or [procs.LOOPBACK] * len(ports)
         port, controller_port = ports[node_id - 1]
-        super().__init__(run_dir, port, controller_port, heap, cache_dir=cache_dir, name=f"kafka-{node_id}")
+        host = self.hosts[node_id - 1]
+        super().__init__(
+            run_dir, port, controller_port, heap, cache_dir=cache_dir, name=f"kafka-{node_id}", host=host
+        )
         self.node_id = node_id
         self.ports = list(ports)
         self.cluster_id = cluster_id
 
     def quorum_properties(self) -> dict[str, object]:
-        voters = ",".join(f"{i}@127.0.0.1:{c}" for i, (_, c) in enumerate(self.ports, start=1))
+        pairs = zip(self.ports, self.hosts, strict=True)
+        voters = ",".join(f"{i}@{h.address}:{c}" for i, ((_, c), h) in enumerate(pairs, start=1))
         return {
             "process.roles": "broker,controller",
             "node.id": self.node_id,
@@ -92,7 +99,11 @@ class KafkaNode(KafkaBroker):
 
 
 class KafkaCluster:
-    """The nodes of one cluster: started together, each stoppable and restartable on its own."""
+    """The nodes of one cluster: started together, each stoppable and restartable on its own.
+
+    By default every node runs on this machine's loopback with its files under run_dir; ``hosts`` and
+    ``node_run_dirs`` place node ``i`` on ``hosts[i-1]`` with its files under ``node_run_dirs[i-1]``
+    (run_dir then keeps only the cluster id)."""
 
     def __init__(
         self,
@@ -102,20 +113,28 @@ class KafkaCluster:
         heap: str = "448m",
         *,
         cache_dir: Path = CACHE_DIR,
+        hosts: Sequence[procs.Host] = (),
+        node_run_dirs: Sequence[Path] = (),
     ) -> None:
         if len(ports) != len(controller_ports) or len(ports) < 3:
             raise InfraError(
                 f"a Kafka cluster needs three or more nodes, each with a broker and a controller port "
                 f"(got {len(ports)} broker and {len(controller_ports)} controller ports)"
             )
-        if len(set(ports) | set(controller_ports)) != 2 * len(ports):
+        places = list(hosts) or [procs.LOOPBACK] * len(ports)
+        if len(places) != len(ports) or (node_run_dirs and len(node_run_dirs) != len(ports)):
+            raise InfraError(f"a Kafka cluster of {len(ports)} nodes needs a host and a directory per node")
+        endpoints = [(h.address, p) for h, p in zip(places, ports, strict=True)]
+        endpoints += [(h.address, p) for h, p in zip(places, controller_ports, strict=True)]
+        if len(set(endpoints)) != 2 * len(ports):
             raise InfraError(f"Kafka ports must all differ: {list(ports)} and {list(controller_ports)}")
         self.run_dir = run_dir
         pairs = list(zip(ports, controller_ports, strict=True))
         cluster_id = self._cluster_id()
         self._admin_client: Any = None
+        dirs = list(node_run_dirs) or [run_dir] * len(ports)
         self.nodes = [
-            KafkaNode(run_dir, i, pairs, cluster_id, heap, cache_dir=cache_dir)
+            KafkaNode(dirs[i - 1], i, pairs, cluster_id, heap, cache_dir=cache_dir, hosts=places)
             for i in range(1, len(pairs) + 1)
         ]
 
@@ -158,7 +177,10 @@ class KafkaCluster:
 
     def stop(self, timeout_s: float = 30) -> list[str]:
         """SIGTERM every node at once (one by one, the last would wait for a quorum that is gone)."""
-        return procs.stop_many([n.name for n in self.nodes], self.run_dir, timeout_s)
+        running = [n for n in self.nodes if procs.send_signal(n.name, n.run_dir, signal.SIGTERM)]
+        for n in self.nodes:
+            procs.stop_process(n.name, n.run_dir, timeout_s)
+        return [n.name for n in running]
 
     def _admin(self) -> Any:
         """One admin client for this object's life: AdminClients made and dropped one per call, while

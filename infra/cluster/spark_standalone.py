@@ -1,4 +1,5 @@
-"""A Spark standalone cluster from the pyspark package itself: one master, N workers, on 127.0.0.1.
+"""A Spark standalone cluster from the pyspark package itself: one master, N workers, on 127.0.0.1
+(or each daemon on a host of its own: ``host``).
 
 The daemons run from the package's own ``bin/spark-class`` (SPARK_HOME is the pyspark directory), so
 the cluster runs the very Spark the processor links against; a processor connects with
@@ -25,7 +26,7 @@ from typing import Any
 from infra.artifacts.fetch import pyspark_jars_dir, require_java
 from infra.errors import InfraError
 from infra.local import procs
-from infra.local.jvm import checked_memory
+from infra.local.jvm import checked_memory, private_tmpdir
 
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
@@ -64,6 +65,15 @@ def spark_conf(run_dir: Path) -> dict[str, str]:
     return {"spark.authenticate": "true", "spark.authenticate.secret": secret(run_dir)}
 
 
+def install_secret(run_dir: Path, value: str) -> None:
+    """Give a daemon's run dir the cluster's secret (a host of its own gets a copy, 0600)."""
+    path = conf_dir(run_dir) / "secret"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(value + "\n")
+
+
 def _write_defaults(run_dir: Path, extra: dict[str, str]) -> Path:
     path = conf_dir(run_dir) / "spark-defaults.conf"
     lines = [
@@ -82,9 +92,11 @@ class _Daemon:
     name: str
     port: int
     webui_port: int
+    _tmpdir_option = ""
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, host: procs.Host) -> None:
         self.run_dir = run_dir
+        self.host = host
 
     @property
     def pid(self) -> int | None:
@@ -101,10 +113,11 @@ class _Daemon:
         return {
             "SPARK_HOME": str(spark_home()),
             "SPARK_CONF_DIR": str(conf_dir(self.run_dir)),
-            # Every socket (RPC, web UI, executors started by a worker) on loopback only.
-            "SPARK_LOCAL_IP": "127.0.0.1",
+            # Every socket (RPC, web UI, executors started by a worker) on loopback only, or on the
+            # daemon's host's address.
+            "SPARK_LOCAL_IP": self.host.address,
             "SPARK_DAEMON_MEMORY": DAEMON_MEMORY,
-            "SPARK_DAEMON_JAVA_OPTS": DAEMON_JAVA_OPTS,
+            "SPARK_DAEMON_JAVA_OPTS": f"{DAEMON_JAVA_OPTS} {self._tmpdir_option}",
             "SPARK_NO_DAEMONIZE": "1",
         }
 
@@ -113,9 +126,14 @@ class _Daemon:
         pid = self.pid
         if pid is not None:
             return pid
-        procs.require_free_ports((self.port, self.webui_port), self.name, self.run_dir, "choose other ports")
+        procs.require_free_ports(
+            (self.port, self.webui_port), self.name, self.run_dir, "choose other ports", self.host
+        )
         require_java()
-        return procs.start_process(self.name, self.argv(), self.run_dir, env=self.env(), port=self.port)
+        self._tmpdir_option = private_tmpdir(self.run_dir / "spark" / f"{self.name}-tmp")
+        return procs.start_process(
+            self.name, self.argv(), self.run_dir, env=self.env(), port=self.port, host=self.host
+        )
 
     def stop(self, timeout_s: float = 20) -> bool:
         return procs.stop_process(self.name, self.run_dir, timeout_s)
@@ -124,25 +142,33 @@ class _Daemon:
 class SparkMaster(_Daemon):
     name = "spark-master"
 
-    def __init__(self, run_dir: Path, port: int, webui_port: int, *, worker_timeout_s: int = 15) -> None:
-        super().__init__(run_dir)
+    def __init__(
+        self,
+        run_dir: Path,
+        port: int,
+        webui_port: int,
+        *,
+        worker_timeout_s: int = 15,
+        host: procs.Host = procs.LOOPBACK,
+    ) -> None:
+        super().__init__(run_dir, host)
         self.port = port
         self.webui_port = webui_port
         self.worker_timeout_s = worker_timeout_s
 
     @property
     def url(self) -> str:
-        return f"spark://127.0.0.1:{self.port}"
+        return f"spark://{self.host.address}:{self.port}"
 
     @property
     def webui_url(self) -> str:
-        return f"http://127.0.0.1:{self.webui_port}"
+        return f"http://{self.host.address}:{self.webui_port}"
 
     def argv(self) -> list[str]:
         return [
             str(spark_home() / "bin" / "spark-class"),
             MASTER_CLASS,
-            "--host", "127.0.0.1",
+            "--host", self.host.address,
             "--port", str(self.port),
             "--webui-port", str(self.webui_port),
         ]  # fmt: skip
@@ -201,8 +227,9 @@ class SparkWorker(_Daemon):
         *,
         cores: int = 2,
         memory: str = "1g",
+        host: procs.Host = procs.LOOPBACK,
     ) -> None:
-        super().__init__(run_dir)
+        super().__init__(run_dir, host)
         if cores < 1:
             raise InfraError(f"a Spark worker needs at least one core, got {cores}")
         self.name = f"spark-worker-{index}"
@@ -220,7 +247,7 @@ class SparkWorker(_Daemon):
         return [
             str(spark_home() / "bin" / "spark-class"),
             WORKER_CLASS,
-            "--host", "127.0.0.1",
+            "--host", self.host.address,
             "--port", str(self.port),
             "--webui-port", str(self.webui_port),
             "--cores", str(self.cores),
@@ -231,11 +258,16 @@ class SparkWorker(_Daemon):
 
     def start(self) -> int:
         (self.work_dir / "local").mkdir(parents=True, exist_ok=True)
+        if self.pid is None and not (conf_dir(self.run_dir) / "spark-defaults.conf").exists():
+            _write_defaults(self.run_dir, {})  # on a host of its own: the secret, nothing else
         return super().start()
 
     def registered(self) -> bool:
-        """The master lists this worker (by its port) as ALIVE."""
-        return any(w.get("port") == self.port for w in self.master.alive_workers())
+        """The master lists this worker (by its port, and address when on a host of its own) as ALIVE."""
+        return any(
+            w.get("port") == self.port and (not self.host.netns or w.get("host") == self.host.address)
+            for w in self.master.alive_workers()
+        )
 
     def wait_ready(self, timeout_s: float = 60) -> None:
         procs.wait_for(
@@ -248,7 +280,7 @@ class SparkWorker(_Daemon):
 
     @property
     def webui_url(self) -> str:
-        return f"http://127.0.0.1:{self.webui_port}"
+        return f"http://{self.host.address}:{self.webui_port}"
 
     def executors(self, timeout_s: float = 10.0) -> list[str]:
         """``<application id>/<executor id>`` of every executor this worker runs (its web UI's /json;

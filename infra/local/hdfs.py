@@ -71,10 +71,13 @@ log4j.logger.org.apache.hadoop.metrics2=WARN
 class _Daemon:
     """What a NameNode and a DataNode share: a home with a conf dir, a JVM, a pid file and logs."""
 
-    def __init__(self, run_dir: Path, name: str, host: str, home: Path | None, heap: str, cache_dir: Path):
+    def __init__(
+        self, run_dir: Path, name: str, host: str, home: Path | None, heap: str, cache_dir: Path, netns: str
+    ):
         self.run_dir = run_dir
         self.name = name  # of its pid file, home and logs
         self.host = host  # the address it binds and is reached at
+        self.place = procs.Host(host, netns)  # and the network namespace it runs in ("": this one's)
         self.root = (home or run_dir / name).resolve()
         self.heap = checked_memory(heap, f"the {name} heap")
         self.cache_dir = cache_dir
@@ -138,7 +141,9 @@ class _Daemon:
         pid = self.pid
         if pid is not None:
             return pid
-        procs.require_free_ports(self.ports(), self.name, self.run_dir, f"choose other ports for {self.name}")
+        procs.require_free_ports(
+            self.ports(), self.name, self.run_dir, f"choose other ports for {self.name}", self.place
+        )
         argv = [
             require_java(),
             *self.jvm_options(),
@@ -147,7 +152,9 @@ class _Daemon:
             self.classpath(),
             main_class,
         ]
-        return procs.start_process(self.name, argv, self.run_dir, log_path=self.log_path, port=port)
+        return procs.start_process(
+            self.name, argv, self.run_dir, log_path=self.log_path, port=port, host=self.place
+        )
 
     def stop(self, timeout_s: float = 20) -> bool:
         """SIGTERM (a clean shutdown), SIGKILL after timeout_s. True if it was running."""
@@ -169,8 +176,9 @@ class NameNode(_Daemon):
         replication: int = 1,
         heap: str = NAMENODE_HEAP,
         cache_dir: Path = CACHE_DIR,
+        netns: str = "",
     ) -> None:
-        super().__init__(run_dir, name, host, home, heap, cache_dir)
+        super().__init__(run_dir, name, host, home, heap, cache_dir, netns)
         self.port, self.http_port, self.replication = port, http_port, replication
 
     @property
@@ -310,8 +318,9 @@ class DataNode(_Daemon):
         home: Path | None = None,
         heap: str = DATANODE_HEAP,
         cache_dir: Path = CACHE_DIR,
+        netns: str = "",
     ) -> None:
-        super().__init__(run_dir, name, host, home, heap, cache_dir)
+        super().__init__(run_dir, name, host, home, heap, cache_dir, netns)
         self.namenode = namenode  # hdfs://host:port
         self.port, self.ipc_port, self.http_port = port, ipc_port, http_port
 

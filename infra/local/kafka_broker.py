@@ -61,7 +61,8 @@ DEFAULT_HEAP = "384m"
 
 
 class KafkaBroker:
-    """Single-node KRaft broker on 127.0.0.1. Idempotent: up() reuses our broker if it is already healthy."""
+    """Single-node KRaft broker on 127.0.0.1, or on ``host``. Idempotent: up() reuses our broker if it
+    is already healthy."""
 
     def __init__(
         self,
@@ -72,6 +73,7 @@ class KafkaBroker:
         *,
         cache_dir: Path = CACHE_DIR,
         name: str = NAME,
+        host: procs.Host = procs.LOOPBACK,
     ) -> None:
         self.run_dir = run_dir
         self.port = port
@@ -79,6 +81,7 @@ class KafkaBroker:
         self.heap = checked_memory(heap, f"the {name} heap")
         self.cache_dir = cache_dir
         self.name = name  # of its pid file, home and logs
+        self.host = host  # its listeners' address, and the namespace it runs in
         self.home = run_dir / name
         self.data_dir = self.home / "data"
         self.config_path = self.home / "server.properties"
@@ -88,7 +91,7 @@ class KafkaBroker:
 
     @property
     def bootstrap_servers(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host.address}:{self.port}"
 
     @property
     def pid(self) -> int | None:
@@ -99,7 +102,7 @@ class KafkaBroker:
         return {
             "process.roles": "broker,controller",
             "node.id": 1,
-            "controller.quorum.bootstrap.servers": f"127.0.0.1:{self.controller_port}",
+            "controller.quorum.bootstrap.servers": f"{self.host.address}:{self.controller_port}",
         }
 
     def replication_properties(self) -> dict[str, object]:
@@ -121,10 +124,11 @@ class KafkaBroker:
 
     def server_properties(self) -> str:
         """The broker config. Sized for a 2-core box; quorum and replication from the methods above."""
+        address = self.host.address
         props: dict[str, object] = {
             **self.quorum_properties(),
-            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            "listeners": f"PLAINTEXT://{address}:{self.port},CONTROLLER://{address}:{self.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://{address}:{self.port}",
             "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
             "inter.broker.listener.name": "PLAINTEXT",
             "controller.listener.names": "CONTROLLER",
@@ -251,7 +255,7 @@ class KafkaBroker:
         if pid is not None:
             return pid
         procs.require_free_ports(
-            (self.port, self.controller_port), "broker", self.run_dir, "choose other Kafka ports"
+            (self.port, self.controller_port), "broker", self.run_dir, "choose other Kafka ports", self.host
         )
         if _java_major() < 17:
             raise InfraError("Kafka 4 needs Java 17 or newer; install openjdk-17-jdk-headless")
@@ -269,7 +273,9 @@ class KafkaBroker:
             "kafka.Kafka",
             str(self.config_path),
         ]
-        return procs.start_process(self.name, argv, self.run_dir, log_path=self.log_path, port=self.port)
+        return procs.start_process(
+            self.name, argv, self.run_dir, log_path=self.log_path, port=self.port, host=self.host
+        )
 
     def _admin(self) -> Any:
         from confluent_kafka.admin import AdminClient
@@ -294,7 +300,7 @@ class KafkaBroker:
 
     def is_healthy(self, timeout_s: float = 2.0) -> bool:
         """True if something on our port answers Kafka metadata requests with a live broker."""
-        if not procs.port_in_use(self.port):
+        if not procs.listening(self.port, self.host):
             return False
         return self._answers(self._admin(), timeout_s)
 
@@ -307,7 +313,7 @@ class KafkaBroker:
             )
         admin = self._admin()
         procs.wait_for(
-            lambda: procs.port_in_use(self.port) and self._answers(admin, 2.0),
+            lambda: procs.listening(self.port, self.host) and self._answers(admin, 2.0),
             timeout_s,
             f"Kafka broker on {self.bootstrap_servers}",
             self.log_path,

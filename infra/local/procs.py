@@ -16,6 +16,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from infra.errors import InfraError
@@ -35,6 +36,18 @@ INFRA_STOP_ORDER = (
     "redis",
     "kafka",
 )
+
+
+@dataclass(frozen=True)
+class Host:
+    """Where a process runs: the address its servers bind to and advertise, and the network
+    namespace it runs in ("": this machine's own, where everything listens on loopback)."""
+
+    address: str = "127.0.0.1"
+    netns: str = ""
+
+
+LOOPBACK = Host()
 
 # Popen objects of children started by this Python process. Keeping them referenced lets us reap them
 # (no zombies that would look alive) and avoids "subprocess is still running" ResourceWarnings.
@@ -163,11 +176,13 @@ def start_process(
     *,
     log_path: Path | None = None,
     port: int | None = None,
+    host: Host = LOOPBACK,
 ) -> int:
     """Start argv detached (own session, stdin closed, stdout+stderr appended to the log); return its pid.
 
     env: extra variables layered over the inherited environment (PYTHONUNBUFFERED=1 is added so Python
     services' logs are written as they happen). port: recorded for `python -m infra status` only.
+    host: a network namespace to run it in (``ip netns exec`` execs argv: the pid is argv's).
     Raises InfraError if a process of that name is already running or the executable does not start.
     """
     existing = pid_of(name, run_dir)
@@ -179,6 +194,8 @@ def start_process(
     log_path.parent.mkdir(parents=True, exist_ok=True)
     pids_dir(run_dir).mkdir(parents=True, exist_ok=True)
     child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    if host.netns:
+        argv = ["ip", "netns", "exec", host.netns, *argv]
     with log_path.open("ab") as log:
         log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} starting {name}\n".encode())
         log.flush()
@@ -213,6 +230,15 @@ def _signal_group(pid: int, sig: signal.Signals) -> None:
             os.killpg(pid, sig)
         else:
             os.kill(pid, sig)
+
+
+def send_signal(name: str, run_dir: Path, sig: signal.Signals) -> bool:
+    """Signal process ``name``'s group; False if it is not running."""
+    pid = pid_of(name, run_dir)
+    if pid is None:
+        return False
+    _signal_group(pid, sig)
+    return True
 
 
 def _wait_gone(pid: int, timeout_s: float) -> bool:
@@ -311,14 +337,21 @@ def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
     return False
 
 
+def listening(port: int, host: Host = LOOPBACK) -> bool:
+    """Something on ``host`` accepts connections on ``port``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host.address, port)) == 0
+
+
 def require_free_ports(
-    ports: Sequence[int], owner: str, run_dir: Path, advice: str, host: str = "127.0.0.1"
+    ports: Sequence[int], owner: str, run_dir: Path, advice: str, host: Host = LOOPBACK
 ) -> None:
     """InfraError naming the first of ``ports`` that something other than ``owner`` of ``run_dir``
-    holds on ``host`` (the caller has checked that its own process is not running); ``advice`` ends
-    the message."""
+    holds (the caller has checked that its own process is not running); ``advice`` ends the message.
+    On a host of its own (a namespace) a port is taken when something answers on it."""
     for port in ports:
-        if port_in_use(port, host):
+        if listening(port, host) if host.netns else port_in_use(port):
             raise InfraError(
                 f"port {port} is already in use by another process (not the {owner} of {run_dir}); "
                 f"stop it (see `ss -ltnp 'sport = :{port}'`) or {advice}"

@@ -82,7 +82,7 @@ class RedisSentinel:
         port: int,
         monitor: tuple[str, int],
         *,
-        host: str = "127.0.0.1",
+        host: str | procs.Host = "127.0.0.1",
         name: str = "redis-sentinel-1",
         data_dir: Path | None = None,
         auth_dir: Path | None = None,
@@ -91,7 +91,8 @@ class RedisSentinel:
     ) -> None:
         self.run_dir = run_dir
         self.port = port
-        self.host = host
+        self.where = host if isinstance(host, procs.Host) else procs.Host(host)
+        self.host = self.where.address
         self.name = name
         self.monitor = monitor
         self.data_dir = data_dir or run_dir / name
@@ -148,7 +149,7 @@ class RedisSentinel:
         if pid is not None:
             return pid
         procs.require_free_ports(
-            [self.port], self.name, self.run_dir, "choose another Sentinel port", host=self.host
+            [self.port], self.name, self.run_dir, "choose another Sentinel port", host=self.where
         )
         binary = ensure_installed(log)
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -157,7 +158,12 @@ class RedisSentinel:
         self.server_log.parent.mkdir(parents=True, exist_ok=True)
         self._write_config()
         return procs.start_process(
-            self.name, self.argv(binary), self.run_dir, log_path=self.log_path, port=self.port
+            self.name,
+            self.argv(binary),
+            self.run_dir,
+            log_path=self.log_path,
+            port=self.port,
+            host=self.where,
         )
 
     def client(self, user: str = "default", timeout_s: float = 1.0) -> redis.Redis:

@@ -1,4 +1,5 @@
-"""A private redis-server (Debian package) run as a detached process, alone or as a replica.
+"""A private redis-server (Debian package) run as a detached process, alone or as a replica, on
+127.0.0.1 or on a host of its own (a network namespace).
 
 Every client authenticates as one of USERS, each allowed only the keys it needs (control: ``sf:*``;
 the sink: ``sf:job:*``), without admin or dangerous commands; ``default`` (everything, with a password)
@@ -104,7 +105,7 @@ class RedisServer:
         run_dir: Path,
         port: int = 6379,
         *,
-        host: str = "127.0.0.1",
+        host: str | procs.Host = "127.0.0.1",
         name: str = NAME,
         data_dir: Path | None = None,
         auth_dir: Path | None = None,
@@ -112,7 +113,8 @@ class RedisServer:
     ) -> None:
         self.run_dir = run_dir
         self.port = port
-        self.host = host
+        self.where = host if isinstance(host, procs.Host) else procs.Host(host)
+        self.host = self.where.address
         self.name = name
         self.data_dir = data_dir or run_dir / name
         self.auth_dir = auth_dir or run_dir / "redis-auth"
@@ -190,7 +192,7 @@ class RedisServer:
         advice = "choose another Redis port"
         if self.port == DEBIAN_DEFAULT_PORT:
             advice += " (a system service? `service redis-server stop`)"
-        procs.require_free_ports([self.port], self.name, self.run_dir, advice, host=self.host)
+        procs.require_free_ports([self.port], self.name, self.run_dir, advice, host=self.where)
         binary = self.ensure_installed(log)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         # Redis rewrites its config file (masterauth in it) with the default mode: the directory hides it.
@@ -199,7 +201,12 @@ class RedisServer:
         self._write_acl()
         self._write_config()
         return procs.start_process(
-            self.name, self.argv(binary, follow), self.run_dir, log_path=self.log_path, port=self.port
+            self.name,
+            self.argv(binary, follow),
+            self.run_dir,
+            log_path=self.log_path,
+            port=self.port,
+            host=self.where,
         )
 
     def ensure_installed(self, log: Log = _stderr_log) -> str:

@@ -68,6 +68,9 @@ class StackConfig:
     alertmanager_port: int = 9094
     prometheus_intervals: Intervals = DEFAULT_INTERVALS
     alert_grouping: Grouping = DEFAULT_GROUPING
+    # Where Redis and control listen when they run on hosts of their own (infra/hosts/).
+    redis_address: str = "127.0.0.1"
+    control_address: str = "127.0.0.1"
 
     @property
     def bootstrap(self) -> str:
@@ -82,7 +85,7 @@ class StackConfig:
 
     @property
     def control_url(self) -> str:
-        return f"http://127.0.0.1:{self.control_port}"
+        return f"http://{self.control_address}:{self.control_port}"
 
     @property
     def data_dir(self) -> Path:
@@ -105,7 +108,7 @@ def broker(cfg: StackConfig) -> KafkaBroker:
 
 
 def redis_server(cfg: StackConfig) -> RedisServer:
-    return RedisServer(cfg.run_dir, port=cfg.redis_port)
+    return RedisServer(cfg.run_dir, port=cfg.redis_port, host=procs.Host(cfg.redis_address))
 
 
 def redis_group(cfg: StackConfig) -> RedisHA | None:
@@ -228,7 +231,7 @@ def service_env(cfg: StackConfig) -> dict[str, str]:
             else {}
         ),
         "SF_CONTROL_GRPC_PORT": str(cfg.grpc_ports[0]),
-        "SF_CONTROL_GRPC_TARGET": f"127.0.0.1:{cfg.grpc_ports[0]}",
+        "SF_CONTROL_GRPC_TARGET": f"{cfg.control_address}:{cfg.grpc_ports[0]}",
         "SF_PROCESSOR_GRPC_PORT": str(cfg.grpc_ports[1]),
         "SF_INGEST_GRPC_PORT": str(cfg.grpc_ports[2]),
         "SF_SINK_GRPC_PORT": str(cfg.grpc_ports[3]),
@@ -258,18 +261,30 @@ def dashboard_env(cfg: StackConfig) -> dict[str, str]:
 
 
 def start_service(
-    cfg: StackConfig, name: str, extra_env: dict[str, str] | None = None, *, process: str = ""
+    cfg: StackConfig,
+    name: str,
+    extra_env: dict[str, str] | None = None,
+    *,
+    process: str = "",
+    host: procs.Host = procs.LOOPBACK,
 ) -> int:
     """Start service ``name`` as a process; ``process`` names its pid file and log when it is one
-    of several replicas (``ingest-2``), default the service's name."""
+    of several replicas (``ingest-2``), default the service's name. On a ``host`` of its own its
+    servers listen on the host's address."""
     if name not in SERVICES:
         raise InfraError(f"unknown service {name!r}; the services are {', '.join(SERVICES)}")
-    env = {**service_env(cfg), **redis_env(cfg, name), **(extra_env or {})}
+    bind = {"SF_BIND_HOST": host.address} if host.netns else {}
+    env = {**service_env(cfg), **redis_env(cfg, name), **bind, **(extra_env or {})}
     if name == "control":
         env = {**env, **dashboard_env(cfg), **(extra_env or {})}
     ensure_pki(cfg.pki_dir)  # certificates that are missing or about to expire; the rest stay
     return procs.start_process(
-        process or name, [sys.executable, "-m", f"services.{name}"], cfg.run_dir, env=env, cwd=ROOT
+        process or name,
+        [sys.executable, "-m", f"services.{name}"],
+        cfg.run_dir,
+        env=env,
+        cwd=ROOT,
+        host=host,
     )
 
 

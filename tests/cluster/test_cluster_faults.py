@@ -20,8 +20,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-import redis
-from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
 from infra.cluster import topology as cluster
@@ -32,8 +30,8 @@ from shared.proto import streamforge_pb2 as pb
 from shared.proto import streamforge_pb2_grpc as pb_grpc
 from shared.tls import TlsIdentity
 from tests.bench.stack import Control
-from tests.bench.workload import RedisWindows
 from tests.chaos.__main__ import print_report
+from tests.chaos.flow import INGEST_GROUP, Flow
 from tests.chaos.harness import Faults, Plan, run
 
 pytestmark = pytest.mark.e2e
@@ -61,7 +59,7 @@ PLAN = Plan(
 FAULTS = ("ingest", "sink", "broker", "spark-worker", "processor")
 GAP_S = 8.0  # between one fault's recovery and the next kill
 FLOW_TIMEOUT_S = 180.0
-INGEST_GROUP, SINK_GROUP = "sf-ingest", "sf-sink"
+SINK_GROUP = "sf-sink"
 
 
 def _log(msg: str) -> None:
@@ -195,80 +193,21 @@ class ClusterFaults(Faults):
         self.actions = list(FAULTS)
         self.gap_s = GAP_S
         self.admin = _admin(topo)
-        # The ingest group's committed offsets, read by a consumer of that group that never joins it:
-        # AdminClient.list_consumer_group_offsets segfaults when the killed broker was the group's
-        # coordinator (its NOT_COORDINATOR handling needs a consumer group: librdkafka issue #5040).
-        self.offsets = Consumer(
-            {
-                "bootstrap.servers": topo.bootstrap,
-                "group.id": INGEST_GROUP,
-                "enable.auto.commit": False,
-                "socket.timeout.ms": 5000,
-            }
-        )
-        self.redis = redis.Redis.from_url(cfg.redis_url)
-        self.counted = [RedisWindows(self.redis, j) for j, s in specs.items() if s.get("emit") is None]
-        self.raw_topics = sorted(specs)
+        self.flow = Flow(topo.bootstrap, cfg.redis_url, specs, FLOW_TIMEOUT_S)
         self.warmup_s: float | None = None
 
     def run(self) -> None:
         try:
             super().run()
         finally:
-            self.offsets.close()
+            self.flow.close()
 
     def _run(self) -> None:
         """First the jobs' warm-up: a new stateful query's first micro-batches are slow, which would
         count as the first fault's recovery."""
-        began = time.monotonic()
-        procs.wait_for(
-            lambda: all(p > 0 for p in self._progress()),
-            FLOW_TIMEOUT_S,
-            "every raw topic ingested and every on-update job counted in Redis",
-            interval_s=0.5,
-        )
-        self.warmup_s = round(time.monotonic() - began, 1)
+        self.warmup_s = self.flow.wait_started()
         _log(f"jobs warm after {self.warmup_s} s; faults begin")
         super()._run()
-
-    # --- what "flowing" means ------------------------------------------------------------------
-    def _progress(self) -> list[int]:
-        """The ingest group's committed offset of each raw topic, then each on-update job's count.
-        (Not the .valid topics' end offsets read with a consumer: that one keeps asking the killed
-        broker.)"""
-        try:
-            committed = self.offsets.committed([TopicPartition(t, 0) for t in self.raw_topics], timeout=10)
-            offsets = [tp.offset for tp in committed]
-        except KafkaException:
-            offsets = [-1] * len(self.raw_topics)
-        try:
-            counts = [w.count_sum("n")[0] for w in self.counted]
-        except redis.RedisError:
-            counts = [-1] * len(self.counted)
-        return offsets + counts
-
-    def _wait_flowing(self, killed_at: float) -> dict[str, Any]:
-        """Seconds from the kill until every raw topic was ingested further (``ingested_s``) and
-        each on-update job counted more in Redis (``counted_s``, per job) than at the kill."""
-        before = self._progress()
-        raw = len(self.raw_topics)
-        names = [f"ingested {t}" for t in self.raw_topics] + [w.job_id for w in self.counted]
-        seen: dict[str, float] = {}
-        deadline = time.monotonic() + FLOW_TIMEOUT_S
-        now = before
-        while time.monotonic() < deadline and len(seen) < len(names):
-            now = self._progress()
-            for name, a, b in zip(names, now, before, strict=True):
-                if name not in seen and a > b:
-                    seen[name] = round(time.monotonic() - killed_at, 1)
-            time.sleep(0.5)
-        if len(seen) < len(names):
-            stuck = [n for n in names if n not in seen]
-            raise AssertionError(f"no progress within {FLOW_TIMEOUT_S:g} s for {stuck}: {before} -> {now}")
-        return {
-            "ingested_s": max(seen[n] for n in names[:raw]),
-            "counted_s": {n.split("-")[1]: seen[n] for n in names[raw:]},
-        }
 
     # --- the faults ----------------------------------------------------------------------------
     def _inject(self, action: str) -> dict[str, Any]:
@@ -316,7 +255,7 @@ class ClusterFaults(Faults):
             victim, partitions = names[0], sorted(p for parts in members.values() for p in parts)
         assert partitions, f"{victim} owns nothing to take over: {members}"
         killed_at = self._kill(victim)
-        flowing = self._wait_flowing(killed_at)
+        flowing = self.flow.wait_flowing(killed_at)
         r = cluster.replica(self.topo, victim)
         cluster.start_replica(self.topo, r)
         cluster.wait_replica(self.topo, r)
@@ -342,7 +281,7 @@ class ClusterFaults(Faults):
         killed_at = self._kill(victim.name)
         procs.wait_for(lambda: victim.node_id not in k.live_brokers(), 60, f"{victim.name} fenced")
         fenced_s = round(time.monotonic() - killed_at, 1)
-        flowing = self._wait_flowing(killed_at)
+        flowing = self.flow.wait_flowing(killed_at)
         victim.start()
         victim.wait_ready(120)
         restarted_s = round(time.monotonic() - killed_at, 1)
@@ -369,7 +308,7 @@ class ClusterFaults(Faults):
         killed_at = self._kill(victim.name)
         procs.wait_for(lambda: not victim.registered(), 60, f"the master to drop {victim.name}")
         dropped_s = round(time.monotonic() - killed_at, 1)
-        flowing = self._wait_flowing(killed_at)
+        flowing = self.flow.wait_flowing(killed_at)
         cores_during = [a["cores"] for a in master.applications()]
         victim.start()
         victim.wait_ready(120)
@@ -414,7 +353,7 @@ class ClusterFaults(Faults):
 
         procs.wait_for(moved, 240, f"jobs {jobs} RUNNING on the other processor", interval_s=0.5)
         failover_s = round(time.monotonic() - killed_at, 1)
-        flowing = self._wait_flowing(killed_at)
+        flowing = self.flow.wait_flowing(killed_at)
         r = cluster.replica(self.topo, victim)
         cluster.start_replica(self.topo, r)
         cluster.wait_replica(self.topo, r)
