@@ -178,6 +178,7 @@ def markdown(parts: dict[str, Part], commit: str) -> str:
         + _recovery_md(parts.get("recovery"))
         + _memory_md(parts.get("memory"))
         + _silence_md(parts.get("silence"))
+        + _hdfs_md(parts.get("hdfs"))
     )
     loads = [
         f"{name} {p['load_average_1m']['start']}-{p['load_average_1m']['end']}"
@@ -352,6 +353,29 @@ def _silence_md(part: Part | None) -> list[str]:
         f"| {part.get('idle_timeout_ms')} ms | {part.get('max_out_of_orderness_ms')} ms "
         f"| {part.get('worst_after_end_s')} s | {part.get('worst_after_end_plus_ooo_s')} s "
         f"| {part.get('worst_after_stream_end_s')} s | {checked}, {part.get('windows')} windows |",
+        "",
+    ]
+
+
+def _hdfs_md(part: Part | None) -> list[str]:
+    out = ["### Checkpoints on HDFS against local disk (a windowed count's micro-batches, medians)", ""]
+    if part is None or "error" in part:
+        return [*out, "not run" if part is None else f"failed: {part['error']}", ""]
+    rows = [
+        "| checkpoint | rows/s | batch | offset log | commit log | state commit |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for where, m in part.get("medians", {}).items():
+        rows.append(
+            f"| {where} | {m['rows_per_s']:,.0f} | {m['triggerExecution_ms']:.0f} ms "
+            f"| {m['walCommit_ms']:.0f} ms | {m['commitOffsets_ms']:.0f} ms | {m['state_commit_ms']:.0f} ms |"
+        )
+    share = part.get("hdfs_throughput_share")
+    return [
+        *out,
+        *rows,
+        "",
+        f"HDFS keeps {share:.0%} of local disk's throughput (target: at least 90 %).",
         "",
     ]
 
