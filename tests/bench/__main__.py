@@ -8,7 +8,7 @@
     python -m tests.bench --part ingest      # one part in this process (to profile it), no report
 
 The report's parts (tests/bench/bench_<part>.py, in this order): kafka, ingest, spark, pipeline,
-freshness, recovery, memory, silence, hdfs, faust. The component benches (processor, sink, sink_faust,
+freshness, recovery, memory, silence, hdfs, hosts, faust. The component benches (processor, sink, sink_faust,
 tracing, startup, wire, commits, checkpoints, cleanup) measure one piece each, on their own broker where
 they need one, and are not in the report.
 
@@ -48,6 +48,7 @@ REPORT_PARTS = (
     "memory",
     "silence",
     "hdfs",
+    "hosts",
     "faust",
 )
 COMPONENT_BENCHES = (

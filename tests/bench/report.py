@@ -179,6 +179,7 @@ def markdown(parts: dict[str, Part], commit: str) -> str:
         + _memory_md(parts.get("memory"))
         + _silence_md(parts.get("silence"))
         + _hdfs_md(parts.get("hdfs"))
+        + _hosts_md(parts.get("hosts"))
     )
     loads = [
         f"{name} {p['load_average_1m']['start']}-{p['load_average_1m']['end']}"
@@ -376,6 +377,21 @@ def _hdfs_md(part: Part | None) -> list[str]:
         *rows,
         "",
         f"HDFS keeps {share:.0%} of local disk's throughput (target: at least 90 %).",
+        "",
+    ]
+
+
+def _hosts_md(part: Part | None) -> list[str]:
+    out = ["### A host lost, a standby on another (tests/hosts topology, under load)", ""]
+    if part is None or "error" in part:
+        return [*out, "not run" if part is None else f"failed: {part['error']}", ""]
+    fresh = ", ".join(f"{job} {s} s" for job, s in (part.get("fresh_again_s") or {}).items())
+    checked = "exact" if part.get("exact") else "**NOT exact**"
+    return [
+        *out,
+        "| host lost | jobs running on the standby | results fresh again (per job) | target | checked |",
+        "|---|---:|---|---:|---|",
+        f"| {part.get('host')} | {part.get('failover_s')} s | {fresh} | 10 s | {checked} |",
         "",
     ]
 
