@@ -1,7 +1,8 @@
 """The pipeline through the container images (make images), against the broker and Redis of the test
 session (host network, SF_TEST_PORT_OFFSET ports): first each service with `podman run`, then the
-manifests of infra/images/k8s with `podman kube play`. A job is submitted to control, events are posted to
-ingest's HTTP API, and Redis must hold exactly the windows a plain-Python oracle computes.
+manifests of infra/images/k8s with `podman kube play` (HDFS's pods and two processor replicas too). A
+job is submitted to control, events are posted to ingest's HTTP API, and Redis must hold exactly the
+windows a plain-Python oracle computes.
 
 `make test-containers` runs these (they build the images first, or find them cached).
 """
@@ -31,7 +32,6 @@ from infra.images.container_stack import (
     run_service,
     tls_dirs,
 )
-from infra.images.podman import podman
 from infra.local.stack import StackConfig
 from services.processor.spark.session import FORKLESS_LOCAL_FS
 from shared import constants
@@ -92,6 +92,27 @@ def _ready_urls(cfg: StackConfig) -> dict[str, str]:
         "processor": f"http://127.0.0.1:{processor_metrics}/metrics",
         "sink": f"http://127.0.0.1:{sink_metrics}/metrics",
     }
+
+
+def _namenode_url(cfg: StackConfig) -> str:
+    """The played NameNode's HTTP server (WebHDFS, JMX), on the port after its RPC port."""
+    return f"http://127.0.0.1:{cfg.hdfs_port + 1}"
+
+
+def _live_datanodes(cfg: StackConfig) -> int:
+    url = f"{_namenode_url(cfg)}/jmx?qry=Hadoop:service=NameNode,name=FSNamesystemState"
+    try:
+        beans = httpx.get(url, timeout=3).json().get("beans") or [{}]
+    except (httpx.HTTPError, ValueError):
+        return 0
+    return int(beans[0].get("NumLiveDataNodes", 0))
+
+
+def _hdfs_list(cfg: StackConfig, path: str) -> list[str]:
+    """The names in an HDFS directory (WebHDFS LISTSTATUS)."""
+    resp = httpx.get(f"{_namenode_url(cfg)}/webhdfs/v1{path}", params={"op": "LISTSTATUS"}, timeout=10)
+    resp.raise_for_status()
+    return [s["pathSuffix"] for s in resp.json()["FileStatuses"]["FileStatus"]]
 
 
 def _run_job_and_check_redis(
@@ -209,22 +230,37 @@ def test_kube_play_of_the_manifests_runs_the_pipeline(
     stack_cfg: StackConfig, played: KubePlay, credentials: Credentials, redis_client: redis.Redis, unique: str
 ) -> None:
     containers = played.containers()
+    assert {"processor-0", "processor-1", "hdfs-namenode-0", "hdfs-datanode-0"} <= set(containers)
 
     def why() -> str:
         return "\n".join(logs(n) for n in containers.values())
 
-    for service, url in _ready_urls(stack_cfg).items():
+    _wait("the NameNode with its DataNode", lambda: _live_datanodes(stack_cfg) == 1, 120, why)
+    standby_metrics = stack_cfg.standby_processor_ports[1]
+    urls = {**_ready_urls(stack_cfg), "processor-1": f"http://127.0.0.1:{standby_metrics}/metrics"}
+    for service, url in urls.items():
         _wait(f"{service} (kube play) to be ready", lambda url=url: _http_ok(url), 240, why)
     # Each livenessProbe became a podman healthcheck (curl inside the container): they pass.
     for service, name in containers.items():
         _wait(f"{service}'s liveness probe to pass", lambda name=name: healthy(name), 60, why)
+
+    # Both processor replicas registered with control, each under its pod's name on HDFS.
+    with Client(stack_cfg.control_url, credentials.control_token) as api:
+
+        def processors() -> list[dict[str, object]]:
+            return [p for p in api.services("processor") if p["health"] == "alive"]
+
+        _wait(
+            "two processors registered",
+            lambda: len(processors()) == 2,
+            60,
+            lambda: f"{processors()}\n{why()}",
+        )
     _run_job_and_check_redis(stack_cfg, credentials, unique, redis_client, why)
     for service, name in containers.items():
         assert is_running(name), f"{service} died\n{why()}"
-    _assert_forkless_file_system(logs(containers["processor"], lines=100_000))
-    # The processor keeps its checkpoints on the PersistentVolumeClaim (a podman volume here).
-    (volume,) = played.volumes
-    data = Path(podman(["volume", "inspect", "--format", "{{.Mountpoint}}", volume]).strip())
-    assert any(unique in p.name for p in (data / "checkpoints").iterdir()), sorted(
-        (data / "checkpoints").iterdir()
-    )
+    _assert_forkless_file_system(logs(containers["processor-0"], lines=100_000))
+    # The job's checkpoint and the ledger of the replica that ran it are on HDFS (no local volume).
+    assert any(unique in name for name in _hdfs_list(stack_cfg, "/streamforge/checkpoints"))
+    assert set(_hdfs_list(stack_cfg, "/streamforge/processors")) & {"processor-0", "processor-1"}
+    assert not [v for v in played.volumes if "processor" in v]
