@@ -39,8 +39,8 @@ test: setup lint typecheck
 test-cluster: setup
 	@$(BIN)/pytest -q -ra tests/cluster
 
-# The four service images (podman; Debian base from mmdebstrap, no registry), rebuilt only when their
-# inputs change: infra/images/build.py. Installs podman, runc and mmdebstrap when missing (root).
+# The four service images and HDFS's (podman; Debian base from mmdebstrap, no registry), rebuilt only
+# when their inputs change: infra/images/build.py. Installs podman, runc and mmdebstrap when missing (root).
 images: setup
 	@$(BIN)/python -m infra.images
 
