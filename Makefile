@@ -45,8 +45,8 @@ test-cluster: setup
 test-hosts: setup
 	@$(BIN)/pytest -q -ra tests/hosts
 
-# The four service images (podman; Debian base from mmdebstrap, no registry), rebuilt only when their
-# inputs change: infra/images/build.py. Installs podman, runc and mmdebstrap when missing (root).
+# The four service images and HDFS's (podman; Debian base from mmdebstrap, no registry), rebuilt only
+# when their inputs change: infra/images/build.py. Installs podman, runc and mmdebstrap when missing (root).
 images: setup
 	@$(BIN)/python -m infra.images
 

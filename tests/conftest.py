@@ -33,6 +33,9 @@ TEST_STACK = StackConfig(
     metrics_ports=(19101 + _OFFSET, 19102 + _OFFSET, 19103 + _OFFSET),
     grpc_ports=(16123 + _OFFSET, 16124 + _OFFSET, 16125 + _OFFSET, 16126 + _OFFSET),
     ingest_http_port=18082 + _OFFSET,
+    standby_processor_ports=(16127 + _OFFSET, 19104 + _OFFSET, 14041 + _OFFSET),
+    # Beside the ports of the `hdfs` fixture's NameNode and DataNode (HDFS_PORT below).
+    hdfs_port=19830 + _OFFSET,
     zipkin_port=19411 + _OFFSET,
     prometheus_port=19090 + _OFFSET,
     alertmanager_port=19094 + _OFFSET,

@@ -1,4 +1,4 @@
-"""`python -m infra.images [SERVICE...] [--prune]`: build the service images (`make images`)."""
+"""`python -m infra.images [IMAGE...] [--prune]`: build the service and HDFS images (`make images`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 from collections.abc import Sequence
 
 from infra.errors import InfraError
-from infra.images.build import SERVICES, build_all, prune
+from infra.images.build import IMAGES, build_all, prune
 
 
 def _print(msg: str) -> None:
@@ -18,9 +18,9 @@ def _print(msg: str) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m infra.images",
-        description="Container images of the four services, built with podman from this project's own files.",
+        description="Container images of the services and HDFS, built with podman from this project's files.",
     )
-    parser.add_argument("services", nargs="*", default=list(SERVICES))
+    parser.add_argument("services", nargs="*", default=list(IMAGES), metavar="IMAGE")
     parser.add_argument(
         "--prune", action="store_true", help="then remove this project's images older than the ones built"
     )

@@ -1,4 +1,4 @@
-"""The four services' container images, built with podman from this project's own files.
+"""The four services' container images and HDFS's, built with podman from this project's own files.
 
 No container registry is needed: the base image is made from Debian packages (``mmdebstrap`` piped
 into ``podman import``), every layer above it from requirements.lock, the Spark-Kafka jars and the
@@ -11,6 +11,8 @@ code. The chain, each a ``localhost/streamforge/...`` image:
                        system jar (containers/spark.Containerfile)
     ingest, sink, control:<version>   python + shared/ + services/<name>/ (services/<name>/Containerfile)
     processor:<version>               spark  + shared/ + services/processor/
+    hdfs:<version>                    python + Java 17, the hadoop-hdfs jars and infra/local/hdfs.py
+                                      (containers/hdfs.Containerfile): the processor's state in Kubernetes
 
 Each image carries the label ``io.streamforge.inputs``, a digest of everything it is built from (its
 parent's digest, its Containerfile, the files it copies): an image whose label matches is not built
@@ -31,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from infra.artifacts import apt
-from infra.artifacts.fetch import spark_kafka_jars
+from infra.artifacts.fetch import hdfs_classpath, spark_kafka_jars
 from infra.artifacts.local_fs import ensure_local_fs_jar
 from infra.errors import InfraError
 from infra.images.podman import PODMAN, ULIMITS, podman, podman_env, run_podman
@@ -45,6 +47,22 @@ LABEL = "io.streamforge.inputs"
 CONTAINERS_DIR = Path(__file__).resolve().parent / "containers"
 CONTEXT_DIR = CACHE_DIR / "images" / "context"
 SERVICES = ("ingest", "processor", "sink", "control")
+# Every image `make images` builds: the services' and HDFS's.
+IMAGES = (*SERVICES, "hdfs")
+# What the hdfs image runs: infra/local/hdfs.py and the modules it imports, nothing else of infra/.
+HDFS_MODULES = (
+    "infra/__init__.py",
+    "infra/errors.py",
+    "infra/paths.py",
+    "infra/artifacts/__init__.py",
+    "infra/artifacts/fetch.py",
+    "infra/local/__init__.py",
+    "infra/local/hdfs.py",
+    "infra/local/jvm.py",
+    "infra/local/procs.py",
+    "shared/__init__.py",
+    "shared/jvm.py",
+)
 
 # What the Debian base image holds: Python 3.11 (bookworm's), venv, CA roots; curl lets podman's
 # kube play run httpGet probes inside the container.
@@ -158,6 +176,13 @@ def stage_context(context: Path = CONTEXT_DIR, log: Log = _stderr_log) -> dict[s
     local_fs, _ = ensure_local_fs_jar(log=log)
     (context / "local-fs").mkdir()
     shutil.copy2(local_fs, context / "local-fs" / local_fs.name)
+    (context / "hdfs-jars").mkdir()
+    for jar in hdfs_classpath(log=log):
+        shutil.copy2(jar, context / "hdfs-jars" / jar.name)
+    for module in HDFS_MODULES:
+        dest = context / "hdfs-app" / module
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / module, dest)
 
     def cf(path: Path) -> bytes:
         return path.read_bytes()
@@ -206,6 +231,16 @@ def stage_context(context: Path = CONTEXT_DIR, log: Log = _stderr_log) -> dict[s
             ]
         )
         specs[service] = ImageSpec(service_image(service), containerfile, parent.pinned, digest)
+    hdfs_cf = CONTAINERS_DIR / "hdfs.Containerfile"
+    hdfs_digest = _digest(
+        [
+            python.encode(),
+            cf(hdfs_cf),
+            *_file_parts(context, sorted((context / "hdfs-jars").iterdir())),
+            *_file_parts(context, sorted((context / "hdfs-app").rglob("*.py"))),
+        ]
+    )
+    specs["hdfs"] = ImageSpec(image_name("hdfs"), hdfs_cf, python_spec.pinned, hdfs_digest)
     return specs
 
 
@@ -282,8 +317,8 @@ class Built:
     size_mb: float
 
 
-def build_all(names: Sequence[str] = SERVICES, log: Log = _stderr_log) -> list[Built]:
-    """The base images and the ``names`` service images, each built only when its inputs changed."""
+def build_all(names: Sequence[str] = IMAGES, log: Log = _stderr_log) -> list[Built]:
+    """The base images and the ``names`` images, each built only when its inputs changed."""
     ensure_tools(log)
     specs = stage_context(log=log)
     wanted = ["debian", "python", *(["spark"] if "processor" in names else []), *names]

@@ -1,5 +1,6 @@
 """The four services as containers on this machine (host network), against a broker and Redis running
-outside: what `podman run` and the local `podman kube play` of k8s/ are given.
+outside: what `podman run` and the local `podman kube play` of k8s/ are given (the play also runs
+HDFS's pods, and two processor replicas).
 
 One StackConfig (infra/local/stack.py) says every port and address, as for the process stack; the settings
 are the same SF_* variables. What differs from a process: the certificates are copied to a directory per
@@ -12,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,6 +53,32 @@ def local_settings(cfg: StackConfig) -> dict[str, str]:
             {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
         ),
     }
+
+
+def kube_settings(cfg: StackConfig) -> dict[str, str]:
+    """local_settings plus what the played manifests add: the HDFS pods on cfg's HDFS ports, one
+    DataNode (one replica of each block), the processors' state on that HDFS."""
+    settings = local_settings(cfg)
+    namenode = f"127.0.0.1:{cfg.hdfs_port}"
+    conf = {**json.loads(settings["SF_PROCESSOR_SPARK_CONF"]), "spark.hadoop.dfs.replication": "1"}
+    return {
+        **settings,
+        "SF_PROCESSOR_SPARK_CONF": json.dumps(conf),
+        "SF_PROCESSOR_STATE_ROOT": f"hdfs://{namenode}/streamforge",
+        "SF_HDFS_NAMENODE_HOST": "127.0.0.1",
+        "SF_HDFS_NAMENODE_PORT": str(cfg.hdfs_port),
+        "SF_HDFS_NAMENODE_HTTP_PORT": str(cfg.hdfs_port + 1),
+        "SF_HDFS_DATANODE_PORT": str(cfg.hdfs_port + 2),
+        "SF_HDFS_DATANODE_IPC_PORT": str(cfg.hdfs_port + 3),
+        "SF_HDFS_DATANODE_HTTP_PORT": str(cfg.hdfs_port + 4),
+        "SF_HDFS_REPLICATION": "1",
+    }
+
+
+def standby_settings(cfg: StackConfig) -> dict[str, str]:
+    """The second processor replica's own ports (the replicas share the host network)."""
+    grpc_port, metrics_port, _ui = cfg.standby_processor_ports
+    return {"SF_PROCESSOR_GRPC_PORT": str(grpc_port), "SF_PROCESSOR_METRICS_PORT": str(metrics_port)}
 
 
 @dataclass(frozen=True)
@@ -183,10 +210,10 @@ class KubePlay:
     manifest: Path
     secrets: tuple[str, ...]
     volumes: tuple[str, ...]
-    pods: dict[str, str]  # service -> pod name
+    pods: dict[str, str]  # workload (a StatefulSet's: its pod, processor-0) -> pod name
 
     def containers(self) -> dict[str, str]:
-        """The service's container in each pod."""
+        """The container of each pod, by workload."""
         found = {}
         for service, pod in self.pods.items():
             out = podman(["ps", "--all", "--filter", f"pod={pod}", "--format", "{{.Names}} {{.IsInfra}}"])
@@ -234,17 +261,19 @@ def kube_play(
     pki_dir: Path,
     work_dir: Path,
     image_refs: Mapping[str, str],
-    services: Sequence[str] = kube.SERVICES,
 ) -> KubePlay:
     """``podman kube play`` of k8s/ on the host network, with ``cfg``'s ports and addresses, the
-    Secrets made from ``pki_dir`` and ``credentials`` and the images ``image_refs`` (service -> ref)."""
+    Secrets made from ``pki_dir`` and ``credentials`` and the images ``image_refs`` (image name ->
+    ref): every workload, with two processor replicas and one of everything else."""
     suffix = f"-{cfg.control_port}"
     docs = kube.load()
-    local = kube.local_manifests(docs, local_settings(cfg), services)
+    local = kube.local_manifests(docs, kube_settings(cfg), {"processor": [{}, standby_settings(cfg)]})
     for d in local:
         if d["kind"] == "Deployment":
             for c in kube.containers(d):
-                c["image"] = image_refs[d["metadata"]["name"]]
+                # localhost/streamforge/<image>:<version> -> the ref built from this checkout
+                c["image"] = image_refs[c["image"].rsplit("/", 1)[1].split(":")[0]]
+    deployments = [d["metadata"]["name"] for d in local if d["kind"] == "Deployment"]
     secret_docs = credentials.secret_docs(pki_dir)
     for d in secret_docs:
         d["metadata"]["name"] += suffix
@@ -256,7 +285,7 @@ def kube_play(
         manifest,
         tuple(secrets),
         tuple(d["metadata"]["name"] for d in local if d["kind"] == "PersistentVolumeClaim"),
-        {s: f"{s}{suffix}-pod-0" for s in services},  # podman 4.3 names a Deployment's pod <name>-pod-0
+        {d: f"{d}{suffix}-pod-0" for d in deployments},  # podman 4.3 names a Deployment's pod <name>-pod-0
     )
     play.down()  # whatever an earlier run on these ports left behind
     for name, content in secrets.items():

@@ -7,7 +7,8 @@
 directory (infra/pki.py) and the tokens and Redis URLs given. ``local_manifests()`` turns the manifests
 into what ``podman kube play`` runs on one machine against a local broker and Redis: the pods on the
 host network, every port and address from a StackConfig (so parallel runs do not collide), one replica
-each, and only the kinds podman 4.3 creates (it skips Services and HorizontalPodAutoscalers).
+of each Deployment, each StatefulSet replica as a Deployment of its own, and only the kinds podman 4.3
+creates (it skips Services and HorizontalPodAutoscalers, and knows no StatefulSet).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 import yaml
 
 from infra.errors import InfraError
-from infra.images.build import SERVICES, service_image
+from infra.images.build import IMAGES, SERVICES, image_name, service_image
 
 K8S_DIR = Path(__file__).resolve().parent / "k8s"
 KUBERNETES_VERSION = "1.37.0"
@@ -45,7 +46,15 @@ PORT_SETTINGS = (
     "SF_PROCESSOR_SPARK_UI_PORT",
     "SF_SINK_GRPC_PORT",
     "SF_SINK_METRICS_PORT",
+    "SF_HDFS_NAMENODE_PORT",
+    "SF_HDFS_NAMENODE_HTTP_PORT",
+    "SF_HDFS_DATANODE_PORT",
+    "SF_HDFS_DATANODE_IPC_PORT",
+    "SF_HDFS_DATANODE_HTTP_PORT",
 )
+# The workloads of hdfs.yaml, run by the hdfs image.
+HDFS_WORKLOADS = ("hdfs-namenode", "hdfs-datanode")
+WORKLOAD_KINDS = ("Deployment", "StatefulSet")
 
 
 def manifest_files(directory: Path = K8S_DIR) -> list[Path]:
@@ -68,6 +77,11 @@ def find(docs: Sequence[Doc], kind: str, name: str) -> Doc:
 
 def containers(doc: Doc) -> list[Doc]:
     return list(doc["spec"]["template"]["spec"]["containers"])
+
+
+def workloads(docs: Sequence[Doc]) -> dict[str, Doc]:
+    """The Deployments and StatefulSets, by name."""
+    return {d["metadata"]["name"]: d for d in docs if d.get("kind") in WORKLOAD_KINDS}
 
 
 def validate(docs: Sequence[Doc], version: str = KUBERNETES_VERSION) -> list[str]:
@@ -94,9 +108,10 @@ def _probes(container: Doc) -> Iterator[tuple[str, Doc]]:
 
 
 def cross_check(docs: Sequence[Doc]) -> list[str]:
-    """What the schema cannot see: every service has a Deployment and a Service; probes and container
-    ports are the ConfigMap's ports; referenced ConfigMaps, Secrets, keys, claims and HPA targets
-    exist; images are the ones `make images` builds."""
+    """What the schema cannot see: every service and HDFS daemon has a workload (Deployment or
+    StatefulSet) and a Service; probes and container ports are the ConfigMap's ports; referenced
+    ConfigMaps, Secrets, keys, claims, volumes and HPA targets exist; images are the ones `make images`
+    builds."""
     problems: list[str] = []
     settings = find(docs, "ConfigMap", CONFIGMAP)["data"]
     ports = {int(settings[k]) for k in PORT_SETTINGS if k in settings}
@@ -106,48 +121,58 @@ def cross_check(docs: Sequence[Doc]) -> list[str]:
         if d.get("kind") == "Secret"
     }
     claims = {d["metadata"]["name"] for d in docs if d.get("kind") == "PersistentVolumeClaim"}
-    deployments = {d["metadata"]["name"]: d for d in docs if d.get("kind") == "Deployment"}
-    for service in SERVICES:
-        dep = deployments.get(service)
-        if dep is None:
-            problems.append(f"no Deployment {service}")
-            continue
-        try:
-            find(docs, "Service", service)
-        except InfraError as e:
-            problems.append(str(e))
-        pod = dep["spec"]["template"]["spec"]
+    services = {d["metadata"]["name"] for d in docs if d.get("kind") == "Service"}
+    found = workloads(docs)
+    images = {name: service_image(name) for name in SERVICES} | {
+        n: image_name("hdfs") for n in HDFS_WORKLOADS
+    }
+    for name in images:
+        if name not in found:
+            problems.append(f"no Deployment or StatefulSet {name}")
+        if name not in services:
+            problems.append(f"no Service {name!r} in the manifests")
+    for name, workload in found.items():
+        if workload["kind"] == "StatefulSet" and workload["spec"]["serviceName"] not in services:
+            problems.append(f"{name}: serviceName {workload['spec']['serviceName']} is no Service")
+        pod = workload["spec"]["template"]["spec"]
+        volumes = {v["name"] for v in pod.get("volumes", [])} | {
+            t["metadata"]["name"] for t in workload["spec"].get("volumeClaimTemplates", [])
+        }
         for c in pod["containers"]:
-            if c["image"] != service_image(service):
-                problems.append(
-                    f"{service}: image {c['image']} is not {service_image(service)} (make images)"
-                )
+            wanted = images.get(name)
+            if c["image"] != wanted and (wanted or c["image"] not in map(image_name, IMAGES)):
+                problems.append(f"{name}: image {c['image']} is not {wanted or 'one make images builds'}")
             own = {p["containerPort"] for p in c.get("ports", [])}
             if not own <= ports:
-                problems.append(f"{service}: containerPorts {sorted(own - ports)} are no port setting")
+                problems.append(f"{name}: containerPorts {sorted(own - ports)} are no port setting")
             for kind, probe in _probes(c):
                 port = probe.get("httpGet", {}).get("port")
                 if port not in own:
-                    problems.append(f"{service}: {kind} port {port} is not one of its containerPorts")
+                    problems.append(f"{name}: {kind} port {port} is not one of its containerPorts")
             for src in c.get("envFrom", []):
                 ref = src.get("configMapRef", {}).get("name")
                 if ref and ref != CONFIGMAP:
-                    problems.append(f"{service}: envFrom names ConfigMap {ref}")
+                    problems.append(f"{name}: envFrom names ConfigMap {ref}")
             for env in c.get("env", []):
                 ref = env.get("valueFrom", {}).get("secretKeyRef")
                 if ref and ref["key"] not in secrets.get(ref["name"], set()):
                     problems.append(
-                        f"{service}: {env['name']} names {ref['name']}/{ref['key']}, which is absent"
+                        f"{name}: {env['name']} names {ref['name']}/{ref['key']}, which is absent"
                     )
+            for mount in c.get("volumeMounts", []):
+                if mount["name"] not in volumes:
+                    problems.append(f"{name}: volumeMount {mount['name']} names no volume or claim template")
         for vol in pod.get("volumes", []):
             if "secret" in vol and vol["secret"]["secretName"] not in secrets:
-                problems.append(f"{service}: volume {vol['name']} names a missing Secret")
+                problems.append(f"{name}: volume {vol['name']} names a missing Secret")
             if "persistentVolumeClaim" in vol and vol["persistentVolumeClaim"]["claimName"] not in claims:
-                problems.append(f"{service}: volume {vol['name']} names a missing PersistentVolumeClaim")
+                problems.append(f"{name}: volume {vol['name']} names a missing PersistentVolumeClaim")
     for hpa in (d for d in docs if d.get("kind") == "HorizontalPodAutoscaler"):
-        target = hpa["spec"]["scaleTargetRef"]["name"]
-        if target not in deployments:
-            problems.append(f"HorizontalPodAutoscaler {hpa['metadata']['name']} scales a missing {target}")
+        target = hpa["spec"]["scaleTargetRef"]
+        if found.get(target["name"], {}).get("kind") != target["kind"]:
+            problems.append(
+                f"HorizontalPodAutoscaler {hpa['metadata']['name']} scales a missing {target['name']}"
+            )
     return problems
 
 
@@ -205,50 +230,135 @@ PODMAN_KINDS = ("ConfigMap", "PersistentVolumeClaim", "Deployment")
 def local_manifests(
     docs: Sequence[Doc],
     settings: Mapping[str, str],
-    services: Sequence[str] = SERVICES,
+    replica_settings: Mapping[str, Sequence[Mapping[str, str]]] | None = None,
 ) -> list[Doc]:
     """The manifests for ``podman kube play`` on this machine: ``settings`` (ports, addresses,
-    127.0.0.1 hosts, ...) merged into the ConfigMap, probes moved to the
-    ConfigMap's new ports, host network (so no containerPorts to map), one replica per Deployment.
+    127.0.0.1 hosts, ...) merged into the ConfigMap, probes moved to the ConfigMap's new ports, host
+    network (so no containerPorts to map), one replica per Deployment.
+
+    A StatefulSet becomes one Deployment per replica, named as its pod (``processor-0``), with its
+    claim templates as PersistentVolumeClaims of that name (``hdfs-data-hdfs-datanode-0``), the
+    pod's name where the pod reads ``metadata.name`` and ``localhost`` as its host name. It keeps
+    one replica, or as many as ``replica_settings[name]`` lists: the settings each replica gets on
+    top (its own ports, as the replicas share the host network), in a ConfigMap of its own.
 
     Secret volumes say ``optional: false`` (podman 4.3 crashes when it is left out). A container's
     own ``env`` entries that ``settings`` names are dropped (a pod's env would win over
-    the ConfigMap), and so are ``status.podIP`` references, which podman 4.3 cannot fill."""
+    the ConfigMap), and so are ``status.podIP`` references, which podman 4.3 cannot fill, and the
+    entries that use them."""
     out: list[Doc] = []
     base = find(docs, "ConfigMap", CONFIGMAP)["data"]
-    moved = {int(base[k]): int(settings[k]) for k in PORT_SETTINGS if k in settings}
+
+    def moves(new: Mapping[str, str]) -> dict[int, int]:
+        return {int(base[k]): int(new[k]) for k in PORT_SETTINGS if k in new and k in base}
+
+    moved = moves(settings)
     for original in docs:
         kind = original.get("kind")
+        if kind == "StatefulSet":
+            name = original["metadata"]["name"]
+            extra = list((replica_settings or {}).get(name, [{}]))
+            for i, own in enumerate(extra):
+                claims, replica = _statefulset_pod(original, i)
+                out.extend(claims)
+                if own:
+                    out.append(_own_settings(docs, replica, {**settings, **own}))
+                _localize(replica, {**settings, **own}, {**moved, **moves(own)})
+                out.append(replica)
+            continue
         if kind not in PODMAN_KINDS:
             continue
         d = copy.deepcopy(original)
         if kind == "ConfigMap" and d["metadata"]["name"] == CONFIGMAP:
             d["data"] = {**d["data"], **{k: str(v) for k, v in settings.items()}}
         if kind == "Deployment":
-            if d["metadata"]["name"] not in services:
-                continue
             d["spec"]["replicas"] = 1
-            pod = d["spec"]["template"]["spec"]
-            pod["hostNetwork"] = True
-            for vol in pod.get("volumes", []):
-                if "secret" in vol:
-                    # podman 4.3 dereferences `optional` without checking that it was given (a panic).
-                    vol["secret"].setdefault("optional", False)
-            for c in pod["containers"]:
-                c["env"] = [
-                    e
-                    for e in c.get("env", [])
-                    if e["name"] not in settings
-                    and e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") != "status.podIP"
-                ]
-                # On the host network there is nothing to map (podman 4.3 refuses port mappings there).
-                c.pop("ports", None)
-                for _kind, probe in _probes(c):
-                    get = probe.get("httpGet")
-                    if get:
-                        get["port"] = moved.get(get["port"], get["port"])
+            _localize(d, settings, moved)
         out.append(d)
     return out
+
+
+def _statefulset_pod(statefulset: Doc, index: int) -> tuple[list[Doc], Doc]:
+    """Replica ``index`` of ``statefulset`` as a Deployment of one pod, and its claims."""
+    spec = statefulset["spec"]
+    name = f"{statefulset['metadata']['name']}-{index}"
+    template = copy.deepcopy(spec["template"])
+    pod_label = {"statefulset.kubernetes.io/pod-name": name}
+    template["metadata"]["labels"] = {**template["metadata"].get("labels", {}), **pod_label}
+    pod = template["spec"]
+    pod.pop("affinity", None)  # one machine
+    # Kubernetes makes a pod's host name resolve to its address, and the HDFS daemons look theirs up;
+    # podman's host network adds no such entry (nor hostAliases), and on it that address is loopback.
+    pod["hostname"] = "localhost"
+    claims = []
+    for claim_template in spec.get("volumeClaimTemplates", []):
+        claim = copy.deepcopy(claim_template)
+        claim_name = f"{claim['metadata']['name']}-{name}"
+        pod.setdefault("volumes", []).append(
+            {"name": claim["metadata"]["name"], "persistentVolumeClaim": {"claimName": claim_name}}
+        )
+        claim["metadata"]["name"] = claim_name
+        claims.append({"apiVersion": "v1", "kind": "PersistentVolumeClaim", **claim})
+    for c in pod["containers"]:
+        for e in c.get("env", []):
+            if e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "metadata.name":
+                e.pop("valueFrom")
+                e["value"] = name
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {**copy.deepcopy(statefulset["metadata"]), "name": name},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {**spec["selector"]["matchLabels"], **pod_label}},
+            "template": template,
+        },
+    }
+    return claims, deployment
+
+
+def _own_settings(docs: Sequence[Doc], deployment: Doc, settings: Mapping[str, str]) -> Doc:
+    """A copy of the ConfigMap with ``settings`` for ``deployment`` alone, which now reads it: podman
+    4.3 lets a ConfigMap's values win over a container's own ``env``."""
+    configmap = copy.deepcopy(find(docs, "ConfigMap", CONFIGMAP))
+    configmap["metadata"]["name"] = f"{CONFIGMAP}-{deployment['metadata']['name']}"
+    configmap["data"] = {**configmap["data"], **{k: str(v) for k, v in settings.items()}}
+    for c in containers(deployment):
+        for src in c.get("envFrom", []):
+            if src.get("configMapRef", {}).get("name") == CONFIGMAP:
+                src["configMapRef"]["name"] = configmap["metadata"]["name"]
+    return configmap
+
+
+def _localize(deployment: Doc, settings: Mapping[str, str], moved: Mapping[int, int]) -> None:
+    """Host network, secret volumes podman 4.3 reads, env without what ``settings`` or podman replace,
+    probes on the ``moved`` ports."""
+    pod = deployment["spec"]["template"]["spec"]
+    pod["hostNetwork"] = True
+    for vol in pod.get("volumes", []):
+        if "secret" in vol:
+            # podman 4.3 dereferences `optional` without checking that it was given (a panic).
+            vol["secret"].setdefault("optional", False)
+    for c in pod["containers"]:
+        dropped = {
+            e["name"]
+            for e in c.get("env", [])
+            if e["name"] in settings
+            or e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "status.podIP"
+        }
+        c["env"] = [
+            e
+            for e in c.get("env", [])
+            if e["name"] not in dropped and not any(f"$({n})" in e.get("value", "") for n in dropped)
+        ]
+        if not c["env"]:
+            del c["env"]
+        # On the host network there is nothing to map (podman 4.3 refuses port mappings there).
+        c.pop("ports", None)
+        for _kind, probe in _probes(c):
+            get = probe.get("httpGet")
+            if get:
+                get["port"] = moved.get(get["port"], get["port"])
 
 
 def podman_secrets(docs: Sequence[Doc], secret_docs: Sequence[Doc]) -> dict[str, bytes]:
@@ -261,7 +371,7 @@ def podman_secrets(docs: Sequence[Doc], secret_docs: Sequence[Doc]) -> dict[str,
     """
     as_env: set[str] = set()
     as_volume: set[str] = set()
-    for dep in (d for d in docs if d.get("kind") == "Deployment"):
+    for dep in workloads(docs).values():
         pod = dep["spec"]["template"]["spec"]
         as_volume |= {v["secret"]["secretName"] for v in pod.get("volumes", []) if "secret" in v}
         for c in pod["containers"]:

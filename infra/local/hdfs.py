@@ -7,17 +7,25 @@ accepts its DataNodes) or a DataNode's ``data/``. Addresses, ports, homes and th
 are parameters, so the NameNode and each DataNode can run on different hosts (network namespaces).
 Logs: ``logs/<name>.out`` (JVM output, warnings) and ``logs/<name>/<name>.log``; pid in ``pids/``.
 
+    python -m infra.local.hdfs [--dir DIR] [--jars-dir DIR] namenode|datanode
+
+runs one daemon in the foreground instead (the ``hdfs`` container image's entry point), configured
+by the same ``SF_HDFS_*`` and ``SF_BIND_HOST`` variables as the Kubernetes ConfigMap's.
+
 Authentication is Hadoop's "simple": the server believes the user name a client sends. Bind it to
 addresses only trusted hosts reach (loopback on one machine); Kerberos is out of scope.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
+import sys
 import urllib.request
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,15 +80,26 @@ class _Daemon:
     """What a NameNode and a DataNode share: a home with a conf dir, a JVM, a pid file and logs."""
 
     def __init__(
-        self, run_dir: Path, name: str, host: str, home: Path | None, heap: str, cache_dir: Path, netns: str
+        self,
+        run_dir: Path,
+        name: str,
+        host: str,
+        home: Path | None,
+        heap: str,
+        cache_dir: Path,
+        netns: str,
+        bind_host: str | None,
+        jars_dir: Path | None,
     ):
         self.run_dir = run_dir
         self.name = name  # of its pid file, home and logs
-        self.host = host  # the address it binds and is reached at
+        self.host = host  # the address it is reached at
         self.place = procs.Host(host, netns)  # and the network namespace it runs in ("": this one's)
+        self.bind_host = bind_host or host  # the address it listens on (0.0.0.0 in a pod)
         self.root = (home or run_dir / name).resolve()
         self.heap = checked_memory(heap, f"the {name} heap")
         self.cache_dir = cache_dir
+        self.jars_dir = jars_dir  # the jars as a container image carries them; None: fetched ones
 
     @property
     def conf_dir(self) -> Path:
@@ -121,7 +140,8 @@ class _Daemon:
 
     def classpath(self) -> str:
         # The conf dir first: Hadoop reads core-site.xml and hdfs-site.xml from the class path.
-        return os.pathsep.join([str(self.conf_dir), *(str(p) for p in hdfs_classpath(self.cache_dir))])
+        jars = sorted(self.jars_dir.glob("*.jar")) if self.jars_dir else hdfs_classpath(self.cache_dir)
+        return os.pathsep.join([str(self.conf_dir), *(str(p) for p in jars)])
 
     def jvm_options(self) -> list[str]:
         return [
@@ -137,14 +157,8 @@ class _Daemon:
             "-Djava.net.preferIPv4Stack=true",
         ]
 
-    def _launch(self, main_class: str, port: int) -> int:
-        pid = self.pid
-        if pid is not None:
-            return pid
-        procs.require_free_ports(
-            self.ports(), self.name, self.run_dir, f"choose other ports for {self.name}", self.place
-        )
-        argv = [
+    def argv(self, main_class: str) -> list[str]:
+        return [
             require_java(),
             *self.jvm_options(),
             private_tmpdir(self.root / "tmp-jvm"),
@@ -152,6 +166,15 @@ class _Daemon:
             self.classpath(),
             main_class,
         ]
+
+    def _launch(self, main_class: str, port: int) -> int:
+        pid = self.pid
+        if pid is not None:
+            return pid
+        procs.require_free_ports(
+            self.ports(), self.name, self.run_dir, f"choose other ports for {self.name}", self.place
+        )
+        argv = self.argv(main_class)
         return procs.start_process(
             self.name, argv, self.run_dir, log_path=self.log_path, port=port, host=self.place
         )
@@ -177,8 +200,10 @@ class NameNode(_Daemon):
         heap: str = NAMENODE_HEAP,
         cache_dir: Path = CACHE_DIR,
         netns: str = "",
+        bind_host: str | None = None,
+        jars_dir: Path | None = None,
     ) -> None:
-        super().__init__(run_dir, name, host, home, heap, cache_dir, netns)
+        super().__init__(run_dir, name, host, home, heap, cache_dir, netns, bind_host, jars_dir)
         self.port, self.http_port, self.replication = port, http_port, replication
 
     @property
@@ -208,9 +233,9 @@ class NameNode(_Daemon):
         return {
             "dfs.namenode.name.dir": f"file://{self.name_dir}",
             "dfs.namenode.rpc-address": f"{self.host}:{self.port}",
-            "dfs.namenode.rpc-bind-host": self.host,
+            "dfs.namenode.rpc-bind-host": self.bind_host,
             "dfs.namenode.http-address": f"{self.host}:{self.http_port}",
-            "dfs.namenode.http-bind-host": self.host,
+            "dfs.namenode.http-bind-host": self.bind_host,
             "dfs.replication": self.replication,
             "dfs.namenode.replication.min": 1,
             # Out of safe mode as soon as the blocks are reported, not 30 s later.
@@ -277,6 +302,12 @@ class NameNode(_Daemon):
         self.ensure_formatted()
         return self._launch(NAMENODE_CLASS, self.port)
 
+    def run(self) -> None:
+        """Become the NameNode (exec, in the foreground), formatting it first on a first start."""
+        self.write_conf()
+        self.ensure_formatted()
+        _exec(self.argv(NAMENODE_CLASS))
+
     def jmx(self, bean: str, timeout_s: float = 2.0) -> dict[str, Any]:
         """One JMX bean of the NameNode as its HTTP server gives it ({} when it does not answer)."""
         url = f"http://{self.host}:{self.http_port}/jmx?qry={bean}"
@@ -323,8 +354,10 @@ class DataNode(_Daemon):
         heap: str = DATANODE_HEAP,
         cache_dir: Path = CACHE_DIR,
         netns: str = "",
+        bind_host: str | None = None,
+        jars_dir: Path | None = None,
     ) -> None:
-        super().__init__(run_dir, name, host, home, heap, cache_dir, netns)
+        super().__init__(run_dir, name, host, home, heap, cache_dir, netns, bind_host, jars_dir)
         self.namenode = namenode  # hdfs://host:port
         self.port, self.ipc_port, self.http_port = port, ipc_port, http_port
 
@@ -345,9 +378,9 @@ class DataNode(_Daemon):
     def site(self) -> dict[str, object]:
         return {
             "dfs.datanode.data.dir": f"file://{self.data_dir}",
-            "dfs.datanode.address": f"{self.host}:{self.port}",
-            "dfs.datanode.ipc.address": f"{self.host}:{self.ipc_port}",
-            "dfs.datanode.http.address": f"{self.host}:{self.http_port}",
+            "dfs.datanode.address": f"{self.bind_host}:{self.port}",
+            "dfs.datanode.ipc.address": f"{self.bind_host}:{self.ipc_port}",
+            "dfs.datanode.http.address": f"{self.bind_host}:{self.http_port}",
             "dfs.datanode.handler.count": 3,
             # No background scan of every block: checkpoint files are small and short-lived.
             "dfs.block.scanner.volume.bytes.per.second": 0,
@@ -360,6 +393,11 @@ class DataNode(_Daemon):
             return pid
         self.write_conf()
         return self._launch(DATANODE_CLASS, self.port)
+
+    def run(self) -> None:
+        """Become the DataNode (exec, in the foreground)."""
+        self.write_conf()
+        _exec(self.argv(DATANODE_CLASS))
 
 
 @dataclass
@@ -404,3 +442,74 @@ def single_machine(
         for i in range(datanodes)
     ]
     return HdfsCluster(nn, dns)
+
+
+def _exec(argv: Sequence[str]) -> None:
+    sys.stdout.flush()
+    os.execv(argv[0], list(argv))
+
+
+# --- the container image's entry point ------------------------------------------------------------
+
+# What the entry point reads from its environment (the ConfigMap's keys), with the defaults of Hadoop's
+# own ports.
+ENV_DEFAULTS = {
+    "SF_BIND_HOST": "0.0.0.0",
+    "SF_HDFS_NAMENODE_HOST": "hdfs-namenode",
+    "SF_HDFS_NAMENODE_PORT": "8020",
+    "SF_HDFS_NAMENODE_HTTP_PORT": "9870",
+    "SF_HDFS_DATANODE_PORT": "9866",
+    "SF_HDFS_DATANODE_IPC_PORT": "9867",
+    "SF_HDFS_DATANODE_HTTP_PORT": "9864",
+    "SF_HDFS_REPLICATION": "1",
+}
+
+
+def from_env(
+    role: str, run_dir: Path, jars_dir: Path | None, environ: Mapping[str, str] = os.environ
+) -> NameNode | DataNode:
+    """The daemon ``role`` ("namenode" or "datanode") as the ``SF_HDFS_*`` variables describe it."""
+    env = {k: environ.get(k) or v for k, v in ENV_DEFAULTS.items()}
+    try:
+        namenode = NameNode(
+            run_dir,
+            host=env["SF_HDFS_NAMENODE_HOST"],
+            bind_host=env["SF_BIND_HOST"],
+            port=int(env["SF_HDFS_NAMENODE_PORT"]),
+            http_port=int(env["SF_HDFS_NAMENODE_HTTP_PORT"]),
+            replication=int(env["SF_HDFS_REPLICATION"]),
+            jars_dir=jars_dir,
+        )
+        if role == "namenode":
+            return namenode
+        return DataNode(
+            run_dir,
+            namenode.uri,
+            bind_host=env["SF_BIND_HOST"],
+            port=int(env["SF_HDFS_DATANODE_PORT"]),
+            ipc_port=int(env["SF_HDFS_DATANODE_IPC_PORT"]),
+            http_port=int(env["SF_HDFS_DATANODE_HTTP_PORT"]),
+            jars_dir=jars_dir,
+        )
+    except ValueError as e:
+        raise InfraError(f"bad SF_HDFS_* setting: {e}") from None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m infra.local.hdfs", description="Run an HDFS NameNode or DataNode in the foreground."
+    )
+    parser.add_argument("--dir", type=Path, default=Path("/var/lib/hdfs"), help="homes, logs and data")
+    parser.add_argument("--jars-dir", type=Path, help="the HDFS jars; default: fetched into .cache/jars/hdfs")
+    parser.add_argument("role", choices=("namenode", "datanode"))
+    args = parser.parse_args(argv)
+    try:
+        from_env(args.role, args.dir, args.jars_dir).run()
+    except InfraError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0  # not reached: run() execs the JVM
+
+
+if __name__ == "__main__":
+    sys.exit(main())

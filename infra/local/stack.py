@@ -48,6 +48,9 @@ class StackConfig:
     ingest_http_port: int = 8082
     # gRPC, Prometheus and Spark UI ports of a second processor (start_standby_processor), if one runs.
     standby_processor_ports: tuple[int, int, int] = (6127, 9104, 4041)
+    # HDFS where the stack runs one (the containers' kube play): the NameNode's RPC port; its HTTP and
+    # a DataNode's data, IPC and HTTP ports are the four after it (as in hdfs.single_machine).
+    hdfs_port: int = 9820
     job_specs: tuple[Path, ...] = field(default=())
     kafka_heap: str = DEFAULT_HEAP
     # Zipkin: tracing UI and span collector (its API and UI share the port).

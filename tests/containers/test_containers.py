@@ -1,7 +1,8 @@
 """The pipeline through the container images (make images), against the broker and Redis of the test
 session (host network, SF_TEST_PORT_OFFSET ports): first each service with `podman run`, then the
-manifests of infra/images/k8s with `podman kube play`. A job is submitted to control, events are posted to
-ingest's HTTP API, and Redis must hold exactly the windows a plain-Python oracle computes.
+manifests of infra/images/k8s with `podman kube play` (HDFS's pods and two processor replicas too). A
+job is submitted to control, events are posted to ingest's HTTP API, and Redis must hold exactly the
+windows a plain-Python oracle computes.
 
 `make test-containers` runs these (they build the images first, or find them cached).
 """
@@ -12,6 +13,7 @@ import secrets
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -56,11 +58,13 @@ def credentials(stack_cfg: StackConfig, redis_url: str) -> Credentials:
     return Credentials.for_stack(stack_cfg, secrets.token_urlsafe(24), secrets.token_urlsafe(24))
 
 
-def _events(n_pages: int = 3, per_window: int = 4, windows: int = 3) -> list[dict[str, object]]:
-    """Events of ``n_pages`` pages over ``windows`` 5 s windows, out of order within each window by
-    less than 3 s (the job's watermark allows 4 s: none is late)."""
+def _events(
+    n_pages: int = 3, per_window: int = 4, windows: int = 3, first_window: int = 0
+) -> list[dict[str, object]]:
+    """Events of ``n_pages`` pages over ``windows`` 5 s windows from ``first_window``, out of order
+    within each window by less than 3 s (the job's watermark allows 4 s: none is late)."""
     out: list[dict[str, object]] = []
-    for w in range(windows):
+    for w in range(first_window, first_window + windows):
         for i in range(per_window * n_pages):
             ts = START_MS + w * WINDOW_MS + (WINDOW_MS - 1 - (i * 397) % 3_000)
             out.append({"page": f"/p{i % n_pages}", "user": f"u{i}", "ts": ts, "latency_ms": 1.5 * i})
@@ -94,53 +98,90 @@ def _ready_urls(cfg: StackConfig) -> dict[str, str]:
     }
 
 
+def _namenode_url(cfg: StackConfig) -> str:
+    """The played NameNode's HTTP server (WebHDFS, JMX), on the port after its RPC port."""
+    return f"http://127.0.0.1:{cfg.hdfs_port + 1}"
+
+
+def _live_datanodes(cfg: StackConfig) -> int:
+    url = f"{_namenode_url(cfg)}/jmx?qry=Hadoop:service=NameNode,name=FSNamesystemState"
+    try:
+        beans = httpx.get(url, timeout=3).json().get("beans") or [{}]
+    except (httpx.HTTPError, ValueError):
+        return 0
+    return int(beans[0].get("NumLiveDataNodes", 0))
+
+
+def _hdfs_list(cfg: StackConfig, path: str) -> list[str]:
+    """The names in an HDFS directory (WebHDFS LISTSTATUS)."""
+    resp = httpx.get(f"{_namenode_url(cfg)}/webhdfs/v1{path}", params={"op": "LISTSTATUS"}, timeout=10)
+    resp.raise_for_status()
+    return [s["pathSuffix"] for s in resp.json()["FileStatuses"]["FileStatus"]]
+
+
+def _submit(cfg: StackConfig, api: Client, name: str) -> None:
+    """The page-views job ``name``, submitted to control and running."""
+    ensure_topics(cfg.bootstrap, [name], partitions=1)
+    api.submit(PAGE_VIEWS_SPEC.format(name=name), wait=True)
+    api.wait_for(name, "RUNNING", timeout_s=180)
+
+
+def _post(
+    cfg: StackConfig,
+    credentials: Credentials,
+    name: str,
+    events: list[dict[str, object]],
+    why: Callable[[], str],
+) -> None:
+    """``events`` posted to ingest's HTTP API for the job's stream."""
+    ingest = httpx.Client(
+        base_url=f"http://127.0.0.1:{cfg.ingest_http_port}",
+        headers={"Authorization": f"Bearer {credentials.ingest_token}"},
+        timeout=15,
+    )
+    with ingest:
+        # Control pushes the job's stream to ingest (gRPC, mutual TLS) once the job runs.
+        _wait("ingest to know the job's stream", lambda: name in ingest.get("/v1/streams").text, 60, why)
+        resp = ingest.post(f"/v1/streams/{name}/events", json=events)
+        assert resp.status_code == 202, resp.text
+
+
+def _check_redis(
+    api: Client, name: str, client: redis.Redis, events: list[dict[str, object]], why: Callable[[], str]
+) -> None:
+    """Wait for Redis to hold exactly the oracle's windows of ``events`` (also through control's
+    results API)."""
+    expected = oracle_window_counts(events, WINDOW_MS)
+
+    def in_redis() -> dict[tuple[str, int], int]:
+        got = {}
+        for page, start in expected:
+            views = client.hget(constants.redis_window_key(name, page, start), "views")
+            if views is not None:
+                got[(page, start)] = int(float(views))
+        return got
+
+    _wait(
+        "Redis to hold the oracle's windows",
+        lambda: in_redis() == expected,
+        180,
+        lambda: f"{in_redis()}\n{why()}",
+    )
+    served = api.results(name, limit=100)
+    assert {(w["key"], w["window_start"]): w["aggregates"]["views"] for w in served} == expected
+
+
 def _run_job_and_check_redis(
     cfg: StackConfig, credentials: Credentials, name: str, client: redis.Redis, why: Callable[[], str]
 ) -> None:
     """Submit the page-views job to control, post events to ingest, and wait for Redis to hold the
-    oracle's windows (also through control's results API)."""
-    spec_text = PAGE_VIEWS_SPEC.format(name=name)
-    ensure_topics(cfg.bootstrap, [name], partitions=1)
+    oracle's windows."""
     with Client(cfg.control_url, credentials.control_token) as api:
-        api.submit(spec_text, wait=True)
-        api.wait_for(name, "RUNNING", timeout_s=180)
-
-        ingest = httpx.Client(
-            base_url=f"http://127.0.0.1:{cfg.ingest_http_port}",
-            headers={"Authorization": f"Bearer {credentials.ingest_token}"},
-            timeout=15,
-        )
-        with ingest:
-            # Control pushes the job's stream to ingest (gRPC, mutual TLS) once the job runs.
-            _wait(
-                "ingest to know the job's stream",
-                lambda: name in ingest.get("/v1/streams").text,
-                60,
-                why,
-            )
-            events = _events()
-            resp = ingest.post(f"/v1/streams/{name}/events", json=events)
-            assert resp.status_code == 202, resp.text
-
-        expected = oracle_window_counts(events, WINDOW_MS)
-        assert len(expected) == 9
-
-        def in_redis() -> dict[tuple[str, int], int]:
-            got = {}
-            for page, start in expected:
-                views = client.hget(constants.redis_window_key(name, page, start), "views")
-                if views is not None:
-                    got[(page, start)] = int(float(views))
-            return got
-
-        _wait(
-            "Redis to hold the oracle's windows",
-            lambda: in_redis() == expected,
-            180,
-            lambda: f"{in_redis()}\n{why()}",
-        )
-        served = api.results(name, limit=100)
-        assert {(w["key"], w["window_start"]): w["aggregates"]["views"] for w in served} == expected
+        _submit(cfg, api, name)
+        events = _events()
+        _post(cfg, credentials, name, events, why)
+        assert len(oracle_window_counts(events, WINDOW_MS)) == 9
+        _check_redis(api, name, client, events, why)
         api.cancel(name, wait=True)
 
 
@@ -209,22 +250,59 @@ def test_kube_play_of_the_manifests_runs_the_pipeline(
     stack_cfg: StackConfig, played: KubePlay, credentials: Credentials, redis_client: redis.Redis, unique: str
 ) -> None:
     containers = played.containers()
+    assert {"processor-0", "processor-1", "hdfs-namenode-0", "hdfs-datanode-0"} <= set(containers)
 
     def why() -> str:
         return "\n".join(logs(n) for n in containers.values())
 
-    for service, url in _ready_urls(stack_cfg).items():
+    _wait("the NameNode with its DataNode", lambda: _live_datanodes(stack_cfg) == 1, 120, why)
+    standby_metrics = stack_cfg.standby_processor_ports[1]
+    urls = {**_ready_urls(stack_cfg), "processor-1": f"http://127.0.0.1:{standby_metrics}/metrics"}
+    for service, url in urls.items():
         _wait(f"{service} (kube play) to be ready", lambda url=url: _http_ok(url), 240, why)
     # Each livenessProbe became a podman healthcheck (curl inside the container): they pass.
     for service, name in containers.items():
         _wait(f"{service}'s liveness probe to pass", lambda name=name: healthy(name), 60, why)
-    _run_job_and_check_redis(stack_cfg, credentials, unique, redis_client, why)
+
+    # Both processor replicas registered with control.
+    with Client(stack_cfg.control_url, credentials.control_token) as api:
+
+        def processors() -> dict[int, dict[str, Any]]:
+            """Alive processors by metrics port (the replicas' own ports here)."""
+            return {p["metrics_port"]: p for p in api.services("processor") if p["health"] == "alive"}
+
+        replicas = {stack_cfg.metrics_ports[1]: "processor-0", standby_metrics: "processor-1"}
+        _wait(
+            "both processor replicas registered",
+            lambda: set(processors()) == set(replicas),
+            60,
+            lambda: f"{processors()}\n{why()}",
+        )
+        _submit(stack_cfg, api, unique)
+        first = _events()
+        _post(stack_cfg, credentials, unique, first, why)
+        _check_redis(api, unique, redis_client, first, why)
+        _assert_forkless_file_system(logs(containers["processor-0"], lines=100_000))
+
+        # The replica running the job goes (SIGKILL): the other resumes it from its checkpoint on HDFS.
+        (active,) = [replicas[port] for port, p in processors().items() if unique in p["jobs"]]
+        (standby,) = set(replicas.values()) - {active}
+        podman(["stop", "--time", "0", containers[active]])
+
+        def standby_runs_it() -> bool:
+            return any(
+                unique in p["jobs"] for port, p in processors().items() if replicas.get(port) == standby
+            )
+
+        _wait(f"{standby} to run the job", standby_runs_it, 120, lambda: f"{processors()}\n{why()}")
+        second = _events(first_window=3)
+        _post(stack_cfg, credentials, unique, second, why)
+        _check_redis(api, unique, redis_client, first + second, why)
+        api.cancel(unique, wait=True)
+
     for service, name in containers.items():
-        assert is_running(name), f"{service} died\n{why()}"
-    _assert_forkless_file_system(logs(containers["processor"], lines=100_000))
-    # The processor keeps its checkpoints on the PersistentVolumeClaim (a podman volume here).
-    (volume,) = played.volumes
-    data = Path(podman(["volume", "inspect", "--format", "{{.Mountpoint}}", volume]).strip())
-    assert any(unique in p.name for p in (data / "checkpoints").iterdir()), sorted(
-        (data / "checkpoints").iterdir()
-    )
+        assert service == active or is_running(name), f"{service} died\n{why()}"
+    # The job's checkpoint and both replicas' ledgers are on HDFS (no local volume).
+    assert any(unique in name for name in _hdfs_list(stack_cfg, "/streamforge/checkpoints"))
+    assert {"processor-0", "processor-1"} <= set(_hdfs_list(stack_cfg, "/streamforge/processors"))
+    assert not [v for v in played.volumes if "processor" in v]

@@ -8,6 +8,10 @@ from __future__ import annotations
 import base64
 import copy
 import json
+import os
+import shutil
+import subprocess
+import sys
 import types
 from collections.abc import Callable
 from pathlib import Path
@@ -15,7 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra.images import kube, requirements
+from infra.images import build, kube, requirements
+from infra.local import hdfs
 from infra.paths import ROOT
 from infra.pki import ensure_pki
 from services.control.api.routes import health
@@ -39,16 +44,36 @@ def test_the_manifests_refer_to_what_exists() -> None:
         "ConfigMap",
         "Deployment",
         "HorizontalPodAutoscaler",
-        "PersistentVolumeClaim",
         "Secret",
         "Service",
+        "StatefulSet",
     ]
     scaled = {d["spec"]["scaleTargetRef"]["name"] for d in DOCS if d["kind"] == "HorizontalPodAutoscaler"}
     assert scaled == {"ingest", "sink"}
 
 
+def test_the_processor_is_an_active_and_a_standby_with_state_on_hdfs() -> None:
+    processor = kube.find(DOCS, "StatefulSet", "processor")
+    assert processor["spec"]["replicas"] == 2
+    pod = processor["spec"]["template"]["spec"]
+    assert not [v for v in pod.get("volumes", []) if "persistentVolumeClaim" in v]
+    assert "volumeClaimTemplates" not in processor["spec"]
+    (container,) = pod["containers"]
+    name = next(e for e in container["env"] if e["name"] == "SF_PROCESSOR_NAME")
+    assert name["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    settings = kube.find(DOCS, "ConfigMap", kube.CONFIGMAP)["data"]
+    namenode = kube.find(DOCS, "StatefulSet", "hdfs-namenode")
+    host, port = settings["SF_HDFS_NAMENODE_HOST"], settings["SF_HDFS_NAMENODE_PORT"]
+    assert settings["SF_PROCESSOR_STATE_ROOT"] == f"hdfs://{host}:{port}/streamforge"
+    assert host == namenode["spec"]["serviceName"] == namenode["metadata"]["name"]
+    datanodes = kube.find(DOCS, "StatefulSet", "hdfs-datanode")["spec"]["replicas"]
+    assert int(settings["SF_HDFS_REPLICATION"]) == datanodes
+    spark_conf = next(e for e in container["env"] if e["name"] == "SF_PROCESSOR_SPARK_CONF")["value"]
+    assert json.loads(spark_conf)["spark.hadoop.dfs.replication"] == str(datanodes)
+
+
 def _deployment(docs: list[kube.Doc], name: str) -> kube.Doc:
-    return kube.find(docs, "Deployment", name)
+    return kube.workloads(docs)[name]
 
 
 def _set_port_type(docs: list[kube.Doc]) -> None:
@@ -94,11 +119,21 @@ def _no_service(docs: list[kube.Doc]) -> None:
     docs.remove(kube.find(docs, "Service", "ingest"))
 
 
+def _no_governing_service(docs: list[kube.Doc]) -> None:
+    docs.remove(kube.find(docs, "Service", "hdfs-datanode"))
+
+
+def _mount_of_nothing(docs: list[kube.Doc]) -> None:
+    kube.containers(_deployment(docs, "hdfs-namenode"))[0]["volumeMounts"][0]["name"] = "data"
+
+
 CROSS_BREAKS: dict[str, Callable[[list[kube.Doc]], None]] = {
     "probe on a port the container does not serve": _probe_elsewhere,
     "Secret key that does not exist": _missing_secret_key,
     "image make images does not build": _other_image,
     "Deployment without a Service": _no_service,
+    "StatefulSet without its Service": _no_governing_service,
+    "volume mount of no volume": _mount_of_nothing,
 }
 
 
@@ -148,7 +183,8 @@ def test_local_manifests_run_on_the_given_ports_with_real_secrets(tmp_path: Path
     tls = next(d for d in secrets if d["metadata"]["name"] == "streamforge-tls-sink")["stringData"]
     assert set(tls) == {"ca.crt", "sink.crt", "sink.key"}  # its own key only, never the CA's
     settings = {"SF_SINK_METRICS_PORT": "29103", "SF_LOG_LEVEL": "DEBUG", "SF_PROCESSOR_SPARK_CONF": "{}"}
-    local = kube.local_manifests(DOCS, settings)
+    standby = {"SF_PROCESSOR_GRPC_PORT": "26127", "SF_PROCESSOR_METRICS_PORT": "29104"}
+    local = kube.local_manifests(DOCS, settings, {"processor": [{}, standby]})
     assert kube.validate(local) == []
     assert {d["kind"] for d in local} == {"ConfigMap", "PersistentVolumeClaim", "Deployment"}
     assert kube.find(local, "ConfigMap", kube.CONFIGMAP)["data"]["SF_LOG_LEVEL"] == "DEBUG"
@@ -157,8 +193,33 @@ def test_local_manifests_run_on_the_given_ports_with_real_secrets(tmp_path: Path
     (container,) = kube.containers(sink)
     assert container["livenessProbe"]["httpGet"]["port"] == 29103
     assert "ports" not in container  # the host network maps nothing
-    (processor,) = kube.containers(_deployment(local, "processor"))
-    assert {e["name"] for e in processor["env"]} == {"SF_REDIS_URL"}  # the ConfigMap's SPARK_CONF applies
+    # A StatefulSet's replicas: a Deployment each, named as the pod, which it is told.
+    workloads = kube.workloads(local)
+    assert {"processor-0", "processor-1", "hdfs-namenode-0", "hdfs-datanode-0"} <= set(workloads)
+    assert not {"processor", "hdfs-datanode-1"} & set(workloads)
+    (processor,) = kube.containers(workloads["processor-0"])
+    env = {e["name"]: e for e in processor["env"]}
+    assert set(env) == {"SF_REDIS_URL", "SF_PROCESSOR_NAME"}  # the ConfigMap's SPARK_CONF applies
+    assert env["SF_PROCESSOR_NAME"] == {"name": "SF_PROCESSOR_NAME", "value": "processor-0"}
+    # The second replica reads its own ports from a ConfigMap of its own.
+    (standby_container,) = kube.containers(workloads["processor-1"])
+    standby_env = {e["name"]: e.get("value") for e in standby_container["env"]}
+    assert standby_env["SF_PROCESSOR_NAME"] == "processor-1"
+    (source,) = standby_container["envFrom"]
+    standby_settings = kube.find(local, "ConfigMap", source["configMapRef"]["name"])["data"]
+    assert standby_settings["SF_PROCESSOR_METRICS_PORT"] == "29104"
+    assert standby_settings["SF_LOG_LEVEL"] == "DEBUG"
+    assert standby_container["readinessProbe"]["httpGet"]["port"] == 29104
+    assert kube.containers(workloads["processor-0"])[0]["envFrom"] == [
+        {"configMapRef": {"name": kube.CONFIGMAP}}
+    ]
+    datanode = workloads["hdfs-datanode-0"]["spec"]["template"]["spec"]
+    claim = next(v for v in datanode["volumes"] if v["name"] == "hdfs-data")["persistentVolumeClaim"]
+    assert kube.find(local, "PersistentVolumeClaim", claim["claimName"])
+    assert claim["claimName"] == "hdfs-data-hdfs-datanode-0"
+    (control,) = kube.containers(workloads["control"])
+    # SF_CONTROL_ADVERTISED_HOST is the pod's IP, which podman cannot give: left to its default.
+    assert {e["name"] for e in control["env"]} == {"SF_CONTROL_TOKENS", "SF_REDIS_URL"}
 
     podman = kube.podman_secrets(DOCS, secrets)
     assert set(podman) == {d["metadata"]["name"] for d in secrets}
@@ -180,3 +241,35 @@ def test_images_install_the_services_dependencies_pinned_by_the_lock() -> None:
         name, version = pin.split("==")
         assert pins[name][0] == version
     assert pins["uvicorn"][1] == {"streamforge"}
+
+
+def test_the_hdfs_image_entry_point_reads_the_configmap_settings(tmp_path: Path) -> None:
+    settings = kube.find(DOCS, "ConfigMap", kube.CONFIGMAP)["data"]
+    assert {k for k in settings if k.startswith("SF_HDFS_")} | {"SF_BIND_HOST"} == set(hdfs.ENV_DEFAULTS)
+    env = {**settings, "SF_HDFS_DATANODE_PORT": "19866"}
+    namenode = hdfs.from_env("namenode", tmp_path, tmp_path / "jars", env)
+    datanode = hdfs.from_env("datanode", tmp_path, tmp_path / "jars", env)
+    assert isinstance(namenode, hdfs.NameNode) and isinstance(datanode, hdfs.DataNode)
+    # Listens on every address of the pod, is reached at its Service's name.
+    assert namenode.site()["dfs.namenode.rpc-bind-host"] == "0.0.0.0"
+    assert namenode.site()["dfs.namenode.rpc-address"] == "hdfs-namenode:8020"
+    assert datanode.namenode == "hdfs://hdfs-namenode:8020"
+    assert datanode.site()["dfs.datanode.address"] == "0.0.0.0:19866"
+    assert namenode.site()["dfs.replication"] == 2
+    (tmp_path / "jars").mkdir()
+    (tmp_path / "jars" / "hadoop-hdfs-3.5.0.jar").touch()
+    assert namenode.classpath().split(os.pathsep)[1:] == [str(tmp_path / "jars" / "hadoop-hdfs-3.5.0.jar")]
+
+
+def test_the_hdfs_image_carries_every_module_its_entry_point_imports(tmp_path: Path) -> None:
+    for module in build.HDFS_MODULES:
+        (tmp_path / module).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / module, tmp_path / module)
+    code = (
+        f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import infra.local.hdfs as h; "
+        f"assert h.__file__.startswith({str(tmp_path)!r}), h.__file__"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, check=False
+    )
+    assert done.returncode == 0, done.stderr
