@@ -205,12 +205,18 @@ class HostFaults(Faults):
         return [r for r in rows if r["health"] == "alive"]
 
     def _active(self, timeout_s: float = 60) -> tuple[str, str]:
-        """(process, control's instance id) of the processor running the jobs, once only one does."""
+        """(process, control's instance id) of the processor running the jobs, once control has
+        every job RUNNING on one alive processor that reports them all. (A processor's report also
+        lists the jobs it stopped, so a stale copy's former host is not judged by it.)"""
         rows: list[dict[str, Any]] = []
 
         def one() -> bool:
-            rows[:] = [r for r in self._processors() if r["jobs"]]
-            return len(rows) == 1 and sorted(rows[0]["jobs"]) == sorted(self.job_ids)
+            status = [self.control.status(j) for j in self.job_ids]
+            owners = {s["processor"] for s in status}
+            if len(owners) != 1 or any(s["state"] != "RUNNING" for s in status):
+                return False
+            rows[:] = [r for r in self._processors() if r["instance_id"] in owners]
+            return len(rows) == 1 and set(self.job_ids) <= set(rows[0]["jobs"])
 
         procs.wait_for(one, timeout_s, "one processor running every job")
         busy = rows
