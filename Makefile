@@ -40,7 +40,7 @@ test: setup lint typecheck
 test-cluster: setup
 	@$(BIN)/pytest -q -ra tests/cluster
 
-# Whole hosts lost or cut off under load: five network namespaces on a bridge (root), nothing shared
+# Whole hosts lost or cut off under load: nine network namespaces on a bridge (root), nothing shared
 # but the network (infra/hosts/), judged by the chaos oracle.
 test-hosts: setup
 	@$(BIN)/pytest -q -ra tests/hosts

@@ -82,6 +82,33 @@ def redis_client(
     may reach another primary than before. ``max_connections`` caps the pool: 1 makes every call use
     the same connection, which WAIT needs to cover the caller's earlier writes.
     """
+    return connect(
+        settings.redis_url,
+        sentinels=settings.redis_sentinels,
+        master_name=settings.redis_master_name,
+        sentinel_user=settings.redis_sentinel_user,
+        sentinel_password=settings.redis_sentinel_password.get_secret_value(),
+        timeout_s=timeout_s,
+        retries=retries,
+        on_connect=on_connect,
+        max_connections=max_connections,
+    )
+
+
+def connect(
+    url: str,
+    *,
+    sentinels: str = "",
+    master_name: str = "",
+    sentinel_user: str = "",
+    sentinel_password: str = "",
+    timeout_s: float,
+    retries: int = FAILOVER_RETRIES,
+    on_connect: Callable[[], None] | None = None,
+    max_connections: int | None = None,
+) -> redis.Redis:
+    """redis_client without a service's settings: ``url`` (its credentials and database), the
+    primary of ``master_name`` that the Sentinels at ``sentinels`` name when that is not empty."""
     kwargs: dict[str, Any] = {
         "socket_timeout": timeout_s,
         "socket_connect_timeout": timeout_s,
@@ -97,19 +124,19 @@ def redis_client(
             hook()
 
         kwargs["redis_connect_func"] = connected
-    sentinels = sentinel_addresses(settings.redis_sentinels)
-    if not sentinels:
-        return redis.Redis.from_url(settings.redis_url, **kwargs)
-    target = parse_url(settings.redis_url)
+    addresses = sentinel_addresses(sentinels)
+    if not addresses:
+        return redis.Redis.from_url(url, **kwargs)
+    target = parse_url(url)
     sentinel_auth = {
-        "username": settings.redis_sentinel_user or None,
-        "password": settings.redis_sentinel_password.get_secret_value() or None,
+        "username": sentinel_user or None,
+        "password": sentinel_password or None,
         "socket_timeout": timeout_s,
         "socket_connect_timeout": timeout_s,
     }
-    manager = Sentinel(sentinels, sentinel_kwargs=sentinel_auth)
+    manager = Sentinel(addresses, sentinel_kwargs=sentinel_auth)
     return manager.master_for(
-        settings.redis_master_name,
+        master_name,
         username=target.get("username"),
         password=target.get("password"),
         db=target.get("db", 0),

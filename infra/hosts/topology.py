@@ -1,4 +1,4 @@
-"""The platform over five hosts of one machine (net.py): what runs where, started and stopped.
+"""The platform over nine hosts of one machine (net.py): what runs where, started and stopped.
 
 Every host has its own directory under the run dir (``<run dir>/sf-h<n>/``: logs, pid files, data,
 temporary files, Kafka's and Spark's directories), so hosts share nothing but the network. The run
@@ -27,27 +27,36 @@ from infra.hosts import net
 from infra.hosts.net import NetHost
 from infra.local import procs
 from infra.local.hdfs import DataNode, NameNode
+from infra.local.redis_sentinel import RedisHA, sentinel_passwords
 from infra.local.redis_server import RedisServer
 from infra.local.stack import StackConfig, start_service, token_file, wait_process_ready
 from infra.paths import RUN_DIR
 from infra.pki import ensure_pki
 
-HOSTS = 5
 # host index -> its processes. Host 1 carries what has a single copy; hosts 2 and 3 one of each
-# replicated part; the active processor and its standby have a host each.
+# replicated part; the active processor and its standby, the Redis primary and its replica, the two
+# controls have a host each, so losing one of those hosts is one fault. The three Sentinels sit where
+# a quorum outlives any one of those hosts.
 LAYOUT: dict[int, tuple[str, ...]] = {
-    1: ("kafka-1", "hdfs-namenode", "hdfs-datanode-1", "spark-master", "redis", "control"),
-    2: ("kafka-2", "hdfs-datanode-2", "spark-worker-1", "ingest-1", "sink-1"),
-    3: ("kafka-3", "hdfs-datanode-3", "spark-worker-2", "ingest-2", "sink-2"),
+    1: ("kafka-1", "hdfs-namenode", "hdfs-datanode-1", "spark-master", "redis-sentinel-1"),
+    2: ("kafka-2", "hdfs-datanode-2", "spark-worker-1", "ingest-1", "sink-1", "redis-sentinel-2"),
+    3: ("kafka-3", "hdfs-datanode-3", "spark-worker-2", "ingest-2", "sink-2", "redis-sentinel-3"),
     4: ("processor-1",),
     5: ("processor-2",),
+    6: ("redis-1",),
+    7: ("redis-2",),
+    8: ("control-1",),
+    9: ("control-2",),
 }
+HOSTS = len(LAYOUT)
 KAFKA_PORT, CONTROLLER_PORT = 9092, 9093
 NAMENODE_PORT, NAMENODE_HTTP_PORT = 9820, 9870
 # Every block on two of the three DataNodes: one may die and every file stays readable and writable.
 HDFS_REPLICATION = 2
 SPARK_PORT, SPARK_UI_PORT, WORKER_PORT, WORKER_UI_PORT = 7077, 8080, 7078, 8090
+REDIS_PORT, SENTINEL_PORT = 6379, 26379
 ACTIVE, STANDBY = "processor-1", "processor-2"
+CONTROLS = ("control-1", "control-2")
 
 
 @dataclass(frozen=True)
@@ -97,8 +106,11 @@ def stack_config(cfg: HostsConfig) -> StackConfig:
     return StackConfig(
         run_dir=cfg.run_dir,
         kafka_bootstrap=",".join(f"{h.address}:{KAFKA_PORT}" for h in kafka_hosts),
-        redis_address=host_of("redis").address,
-        control_address=host_of("control").address,
+        redis_port=REDIS_PORT,
+        redis_address=host_of("redis-1").address,
+        redis_sentinels=redis_ha(cfg).sentinel_list,
+        control_address=host_of(CONTROLS[0]).address,
+        control_addresses=tuple(host_of(c).address for c in CONTROLS),
         control_token=cfg.control_token,
     )
 
@@ -146,9 +158,18 @@ def state_root(cfg: HostsConfig) -> str:
     return f"{namenode(cfg).uri}/streamforge"
 
 
-def redis(cfg: HostsConfig) -> RedisServer:
-    h = host_of("redis")
-    return RedisServer(host_dir(cfg, h), stack_config(cfg).redis_port, host=h)
+def redis_ha(cfg: HostsConfig) -> RedisHA:
+    """The primary (first ``redis-1``) and its replica, and three Sentinels (quorum 2), each on its
+    host with that host's run dir."""
+    nodes = [host_of(f"redis-{i}") for i in (1, 2)]
+    sentinels = [host_of(f"redis-sentinel-{i}") for i in (1, 2, 3)]
+    return RedisHA(
+        cfg.run_dir,
+        nodes=tuple((h, REDIS_PORT) for h in nodes),
+        sentinels=tuple((h, SENTINEL_PORT) for h in sentinels),
+        node_run_dirs=tuple(host_dir(cfg, h) for h in nodes),
+        sentinel_run_dirs=tuple(host_dir(cfg, h) for h in sentinels),
+    )
 
 
 def spark_master(cfg: HostsConfig) -> SparkMaster:
@@ -188,17 +209,23 @@ class Replica:
 
 
 def replicas(cfg: HostsConfig) -> list[Replica]:
-    """Every service process, control first, the standby processor last."""
+    """Every service process, the controls first, the standby processor last."""
     stack = stack_config(cfg)
-    control = host_of("control")
-    out = [Replica("control", "control", control, {}, f"{stack.control_url}/readyz")]
+    ha = redis_ha(cfg)
+    out = []
+    for process in CONTROLS:
+        h = host_of(process)
+        # The address the other replica names when it refuses a change, and the lease advertises.
+        env = {**ha.client_env("control", wait_replicas=1), "SF_CONTROL_ADVERTISED_HOST": h.address}
+        out.append(Replica(process, "control", h, env, f"http://{h.address}:{stack.control_port}/readyz"))
     for i in (1, 2):
         h = host_of(f"ingest-{i}")
         env = {"SF_INGEST_INSTANCE_ID": str(i)}  # its transactional id and static group membership
         out.append(Replica(f"ingest-{i}", "ingest", h, env, _metrics_url(h, stack.metrics_ports[0])))
     for i in (1, 2):
         h = host_of(f"sink-{i}")
-        out.append(Replica(f"sink-{i}", "sink", h, {}, _metrics_url(h, stack.metrics_ports[2])))
+        env = ha.client_env("sink", wait_replicas=1)
+        out.append(Replica(f"sink-{i}", "sink", h, env, _metrics_url(h, stack.metrics_ports[2])))
     for process in (ACTIVE, STANDBY):
         h = host_of(process)
         ready = _metrics_url(h, stack.metrics_ports[1])
@@ -263,6 +290,7 @@ def _provision(cfg: HostsConfig) -> None:
     stack = stack_config(cfg)
     ensure_pki(stack.pki_dir)
     RedisServer(cfg.run_dir).passwords()
+    sentinel_passwords(cfg.run_dir / "redis-auth")
     value = secret(cfg.run_dir)
     for h in hosts():
         base = host_dir(cfg, h)
@@ -273,16 +301,19 @@ def _provision(cfg: HostsConfig) -> None:
 
 
 def registered(cfg: HostsConfig) -> dict[str, int]:
-    """Alive instances per service, as control's registry sees them ({} while control is away)."""
-    stack = stack_config(cfg)
-    req = urllib.request.Request(
-        f"{stack.control_url}/services", headers={"Authorization": f"Bearer {cfg.control_token}"}
-    )
-    try:
-        with urllib.request.urlopen(req, timeout=5) as resp:
-            rows = json.load(resp)["services"]
-    except (OSError, ValueError, KeyError):
-        return {}
+    """Alive instances per service, as control's registry sees them (any replica serves it; {} while
+    every control is away)."""
+    rows: list[dict[str, Any]] = []
+    for url in stack_config(cfg).control_urls:
+        req = urllib.request.Request(
+            f"{url}/services", headers={"Authorization": f"Bearer {cfg.control_token}"}
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=5) as resp:
+                rows = json.load(resp)["services"]
+            break
+        except (OSError, ValueError, KeyError):
+            continue
     counts: dict[str, int] = {}
     for row in rows:
         if row.get("health") == "alive":
@@ -299,9 +330,10 @@ def up(cfg: HostsConfig, step: Callable[[str], None] = print, *, standby: bool =
     step(f"hosts: {', '.join(f'{h.name} {h.address}' for h in hosts())} on bridge {net.BRIDGE}")
     net.create(len(LAYOUT))
     _provision(cfg)
-    r = redis(cfg)
-    r.ensure_installed()
-    r.start()
+    ha = redis_ha(cfg)
+    step(f"Redis: primary and replica on {', '.join(f'{s.host}:{s.port}' for s in ha.servers())}, "
+         f"Sentinels on {ha.sentinel_list}")  # fmt: skip
+    ha.start()
     k = kafka(cfg)
     step(f"Kafka: three KRaft nodes on {k.bootstrap_servers}")
     k.start()
@@ -312,7 +344,7 @@ def up(cfg: HostsConfig, step: Callable[[str], None] = print, *, standby: bool =
         d.start()
     master = spark_master(cfg)
     master.start()
-    r.wait_ready()
+    ha.wait_ready(60)
     master.wait_ready(120)
     workers = spark_workers(cfg)
     for w in workers:
@@ -333,7 +365,7 @@ def up(cfg: HostsConfig, step: Callable[[str], None] = print, *, standby: bool =
         lambda: all(registered(cfg).get(s, 0) >= n for s, n in want.items()),
         120,
         f"control to list {want} alive",
-        procs.log_file("control", run_dir_of(cfg, "control")),
+        procs.log_file(CONTROLS[0], run_dir_of(cfg, CONTROLS[0])),
     )
 
 

@@ -62,6 +62,11 @@ def ensure_installed(log: Log = _stderr_log) -> str:
     return found
 
 
+def sentinel_passwords(auth_dir: Path) -> dict[str, str]:
+    """The Sentinels' users' passwords kept in ``auth_dir``, generated on first use."""
+    return kept_passwords(auth_dir / "sentinel-users.json", SENTINEL_USERS)
+
+
 @dataclass(frozen=True)
 class FailoverTiming:
     """How fast Sentinel acts: a primary silent for ``down_after_ms`` is down for one Sentinel, and
@@ -108,7 +113,7 @@ class RedisSentinel:
 
     def passwords(self) -> dict[str, str]:
         """The Sentinels' own users' passwords (one set per auth dir, shared by every Sentinel)."""
-        return kept_passwords(self.auth_dir / "sentinel-users.json", SENTINEL_USERS)
+        return sentinel_passwords(self.auth_dir)
 
     def _node_password(self) -> str:
         return RedisServer(self.run_dir, auth_dir=self.auth_dir).passwords()["sentinel"]
@@ -202,60 +207,81 @@ class RedisSentinel:
         return procs.stop_process(self.name, self.run_dir, timeout_s)
 
 
+Where = str | procs.Host
+
+
+def _address(where: Where) -> str:
+    return where.address if isinstance(where, procs.Host) else where
+
+
 @dataclass(frozen=True)
 class RedisHA:
     """A primary, its replicas and Sentinels, as one group on ``run_dir``. ``nodes`` are the (host,
-    port) of the first primary then the replicas; ``sentinels`` those of the Sentinels."""
+    port) of the first primary then the replicas; ``sentinels`` those of the Sentinels. A host is an
+    address or a ``procs.Host`` (a namespace of its own); on hosts of their own, ``node_run_dirs``
+    and ``sentinel_run_dirs`` give each process its host's run dir (with its copy of the auth dir)."""
 
     run_dir: Path
-    nodes: tuple[tuple[str, int], ...]
-    sentinels: tuple[tuple[str, int], ...]
+    nodes: tuple[tuple[Where, int], ...]
+    sentinels: tuple[tuple[Where, int], ...]
     master_name: str = MASTER_NAME
     timing: FailoverTiming = field(default_factory=FailoverTiming)
+    node_run_dirs: tuple[Path, ...] = ()
+    sentinel_run_dirs: tuple[Path, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.nodes) < 2:
             raise InfraError("a Redis group needs a primary and at least one replica")
         if not 1 <= self.timing.quorum <= len(self.sentinels):
             raise InfraError(f"quorum {self.timing.quorum} needs at least as many Sentinels")
+        for dirs, of in ((self.node_run_dirs, self.nodes), (self.sentinel_run_dirs, self.sentinels)):
+            if dirs and len(dirs) != len(of):
+                raise InfraError("give a run dir for every node and Sentinel, or none")
 
     @property
     def auth_dir(self) -> Path:
         return self.run_dir / "redis-auth"
 
     def servers(self) -> list[RedisServer]:
-        first = self.nodes[0]
-        return [
-            RedisServer(
-                self.run_dir,
-                port,
-                host=host,
-                name=f"redis-{i}",
-                auth_dir=self.auth_dir,
-                replica_of=None if i == 1 else first,
+        first = (_address(self.nodes[0][0]), self.nodes[0][1])
+        out = []
+        for i, (host, port) in enumerate(self.nodes, 1):
+            run_dir = self.node_run_dirs[i - 1] if self.node_run_dirs else self.run_dir
+            out.append(
+                RedisServer(
+                    run_dir,
+                    port,
+                    host=host,
+                    name=f"redis-{i}",
+                    auth_dir=run_dir / "redis-auth",
+                    replica_of=None if i == 1 else first,
+                )
             )
-            for i, (host, port) in enumerate(self.nodes, 1)
-        ]
+        return out
 
     def sentinel_processes(self) -> list[RedisSentinel]:
-        return [
-            RedisSentinel(
-                self.run_dir,
-                port,
-                self.nodes[0],
-                host=host,
-                name=f"redis-sentinel-{i}",
-                auth_dir=self.auth_dir,
-                master_name=self.master_name,
-                timing=self.timing,
+        first = (_address(self.nodes[0][0]), self.nodes[0][1])
+        out = []
+        for i, (host, port) in enumerate(self.sentinels, 1):
+            run_dir = self.sentinel_run_dirs[i - 1] if self.sentinel_run_dirs else self.run_dir
+            out.append(
+                RedisSentinel(
+                    run_dir,
+                    port,
+                    first,
+                    host=host,
+                    name=f"redis-sentinel-{i}",
+                    auth_dir=run_dir / "redis-auth",
+                    master_name=self.master_name,
+                    timing=self.timing,
+                )
             )
-            for i, (host, port) in enumerate(self.sentinels, 1)
-        ]
+        return out
 
     @property
     def sentinel_list(self) -> str:
         """SF_REDIS_SENTINELS: the Sentinels' host:port, comma-separated."""
-        return ",".join(f"{h}:{p}" for h, p in self.sentinels)
+        return ",".join(f"{_address(h)}:{p}" for h, p in self.sentinels)
 
     def url(self, user: str = "default") -> str:
         """``user``'s URL at the first primary: the credentials and database a Sentinel client uses

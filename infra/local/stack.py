@@ -13,6 +13,7 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from infra.artifacts.class_archive import processor_jvm_settings
 from infra.artifacts.fetch import spark_kafka_jars
@@ -22,13 +23,16 @@ from infra.local.alertmanager import DEFAULT_GROUPING, Alertmanager, Grouping
 from infra.local.kafka_broker import DEFAULT_HEAP, KafkaBroker
 from infra.local.monitoring_auth import MonitoringAuth
 from infra.local.prometheus import DEFAULT_INTERVALS, Intervals, PrometheusServer
-from infra.local.redis_sentinel import RedisHA
+from infra.local.redis_sentinel import MASTER_NAME, RedisHA, sentinel_passwords
 from infra.local.redis_server import RedisServer
 from infra.local.zipkin import SPANS_PATH as ZIPKIN_SPANS_PATH
 from infra.local.zipkin import ZipkinServer
 from infra.paths import ROOT, RUN_DIR
 from infra.pki import ensure_pki
 from shared.jobspec import load_job_spec
+
+if TYPE_CHECKING:
+    import redis
 
 SERVICES = ("ingest", "processor", "sink", "control")
 
@@ -71,9 +75,13 @@ class StackConfig:
     alertmanager_port: int = 9094
     prometheus_intervals: Intervals = DEFAULT_INTERVALS
     alert_grouping: Grouping = DEFAULT_GROUPING
-    # Where Redis and control listen when they run on hosts of their own (infra/hosts/).
+    # Where Redis and control listen when they run on hosts of their own (infra/hosts/): the first
+    # Redis primary and control replica, the Sentinels (host:port, comma-separated; empty: those of
+    # redis_group, if any) and every control replica's address (empty: control_address alone).
     redis_address: str = "127.0.0.1"
     control_address: str = "127.0.0.1"
+    redis_sentinels: str = ""
+    control_addresses: tuple[str, ...] = ()
 
     @property
     def bootstrap(self) -> str:
@@ -89,6 +97,17 @@ class StackConfig:
     @property
     def control_url(self) -> str:
         return f"http://{self.control_address}:{self.control_port}"
+
+    @property
+    def control_urls(self) -> list[str]:
+        """Every control replica's API: a client sends changes to whichever leads."""
+        return [f"http://{a}:{self.control_port}" for a in self.control_addresses or (self.control_address,)]
+
+    @property
+    def control_grpc_targets(self) -> str:
+        """Every control replica's Registry, comma-separated (SF_CONTROL_GRPC_TARGET)."""
+        addresses = self.control_addresses or (self.control_address,)
+        return ",".join(f"{a}:{self.grpc_ports[0]}" for a in addresses)
 
     @property
     def data_dir(self) -> Path:
@@ -122,6 +141,29 @@ def redis_group(cfg: StackConfig) -> RedisHA | None:
         cfg.run_dir,
         nodes=tuple(("127.0.0.1", p) for p in (cfg.redis_port, *cfg.redis_replica_ports)),
         sentinels=tuple(("127.0.0.1", p) for p in cfg.redis_sentinel_ports),
+    )
+
+
+def sentinels(cfg: StackConfig) -> str:
+    """The Sentinels' host:port, comma-separated; empty when Redis is a single server."""
+    group = redis_group(cfg)
+    return cfg.redis_sentinels or (group.sentinel_list if group is not None else "")
+
+
+def redis_client(cfg: StackConfig, timeout_s: float = 5.0) -> redis.Redis:
+    """Redis as its default user (operators, the tests), following failovers when the stack has
+    Sentinels: the primary they name, asked again after a broken connection."""
+    from shared.redis_client import connect
+
+    listed = sentinels(cfg)
+    password = sentinel_passwords(cfg.run_dir / "redis-auth")["default"] if listed else ""
+    return connect(
+        cfg.redis_url,
+        sentinels=listed,
+        master_name=MASTER_NAME,
+        sentinel_user="default",
+        sentinel_password=password,
+        timeout_s=timeout_s,
     )
 
 
@@ -234,7 +276,7 @@ def service_env(cfg: StackConfig) -> dict[str, str]:
             else {}
         ),
         "SF_CONTROL_GRPC_PORT": str(cfg.grpc_ports[0]),
-        "SF_CONTROL_GRPC_TARGET": f"{cfg.control_address}:{cfg.grpc_ports[0]}",
+        "SF_CONTROL_GRPC_TARGET": cfg.control_grpc_targets,
         "SF_PROCESSOR_GRPC_PORT": str(cfg.grpc_ports[1]),
         "SF_INGEST_GRPC_PORT": str(cfg.grpc_ports[2]),
         "SF_SINK_GRPC_PORT": str(cfg.grpc_ports[3]),

@@ -34,6 +34,7 @@ from infra.local.stack import (
 )
 from infra.local.stack import zipkin_server as _zipkin_server
 from infra.paths import RUN_DIR
+from shared import constants
 
 OFFSET = int(os.environ.get("SF_TEST_PORT_OFFSET", "0"))
 _SHIFT = OFFSET + 70
@@ -117,14 +118,64 @@ class SpecRefused(Exception):
     """Control answered 422: the spec (or the processor) refused the job; the message says why."""
 
 
+class ControlReplicas(httpx.BaseTransport):
+    """Sends each request to the control replica that answered last; to the next one when that one
+    cannot be reached (a read also when it broke off), to the leader a standby names when it refuses
+    a change (503 with SF-Control-Leader)."""
+
+    def __init__(self, urls: list[str]) -> None:
+        self.urls = [httpx.URL(u) for u in urls]
+        self.current = 0
+        self.inner = httpx.HTTPTransport()
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        # Each replica twice: a standby may name a leader that has just died.
+        tries = 2 * len(self.urls)
+        for attempt in range(tries):
+            last = attempt == tries - 1
+            base = self.urls[self.current]
+            request.url = request.url.copy_with(scheme=base.scheme, host=base.host, port=base.port)
+            request.headers["Host"] = base.netloc.decode()
+            try:
+                resp = self.inner.handle_request(request)
+            except httpx.ConnectError:
+                if last:
+                    raise
+                self.current = (self.current + 1) % len(self.urls)
+                continue
+            except httpx.TransportError:
+                if last or request.method != "GET":
+                    raise
+                self.current = (self.current + 1) % len(self.urls)
+                continue
+            leader = resp.headers.get(constants.CONTROL_LEADER_HEADER, "")
+            if resp.status_code == 503 and leader and not last:
+                resp.read()
+                resp.close()
+                named = [i for i, u in enumerate(self.urls) if str(u).rstrip("/") == leader.rstrip("/")]
+                following = named and named[0] != self.current
+                self.current = named[0] if following else (self.current + 1) % len(self.urls)
+                if not following:
+                    time.sleep(0.5)  # no replica leads yet
+                continue
+            return resp
+        raise AssertionError("unreachable")  # the last attempt returns or raises
+
+    def close(self) -> None:
+        self.inner.close()
+
+
 class Control:
-    """The control REST API as a user drives it: bearer token, POST /jobs, status, cancel."""
+    """The control REST API as a user drives it: bearer token, POST /jobs, status, cancel; every
+    control replica of ``cfg``, the requests going to whichever answers (changes: the leader)."""
 
     def __init__(self, cfg: StackConfig) -> None:
+        urls = cfg.control_urls
         self.http = httpx.Client(
-            base_url=cfg.control_url,
+            base_url=urls[0],
             timeout=60,
             headers={"Authorization": f"Bearer {cfg.control_token}"},
+            transport=ControlReplicas(urls),
         )
 
     def __enter__(self) -> Control:

@@ -19,7 +19,7 @@ INGEST_GROUP = "sf-ingest"
 
 class Flow:
     def __init__(
-        self, bootstrap: str, redis_url: str, specs: dict[str, dict[str, Any]], timeout_s: float
+        self, bootstrap: str, client: redis.Redis, specs: dict[str, dict[str, Any]], timeout_s: float
     ) -> None:
         # The ingest group's committed offsets, read by a consumer of that group that never joins it:
         # AdminClient.list_consumer_group_offsets segfaults when the killed broker was the group's
@@ -32,7 +32,7 @@ class Flow:
                 "socket.timeout.ms": 5000,
             }
         )
-        self.redis = redis.Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=5)
+        self.redis = client
         self.counted = [RedisWindows(self.redis, j) for j, s in specs.items() if s.get("emit") is None]
         self.raw_topics = sorted(specs)
         self.timeout_s = timeout_s

@@ -32,7 +32,14 @@ import redis
 from confluent_kafka import Producer
 
 from infra.local import procs
-from infra.local.stack import StackConfig, broker, redis_server, start_service, wait_service_ready
+from infra.local.stack import (
+    StackConfig,
+    broker,
+    redis_client,
+    redis_server,
+    start_service,
+    wait_service_ready,
+)
 from shared.kafka import ensure_topics
 from tests.bench.stack import Control
 from tests.bench.workload import RedisWindows
@@ -495,7 +502,7 @@ def run(
         duration_s = sum(len(d.records) for d in inputs) / plan.rate
         faults = faults_factory(cfg, control, plan, specs, duration_s)
         started = time.monotonic()
-        watch = VersionWatch(redis.Redis.from_url(cfg.redis_url), list(specs))
+        watch = VersionWatch(redis_client(cfg), list(specs))
         watch.start()
         faults.start()
         tail_s = plan.load_after_faults_s
@@ -513,7 +520,7 @@ def run(
             f"load and {len(faults.done)} faults done in {time.monotonic() - started:.0f} s; "
             "waiting for the oracle"
         )
-        client = redis.Redis.from_url(cfg.redis_url)
+        client = redis_client(cfg)
         verdicts = [judge(cfg, d, specs[d.job_id], client, settle_s) for d in inputs]
         watch.stopped.set()
         watch.join(30)

@@ -25,7 +25,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 from infra.cluster import topology as cluster
 from infra.cluster.topology import ClusterConfig
 from infra.local import procs
-from infra.local.stack import StackConfig
+from infra.local.stack import StackConfig, redis_client
 from shared.proto import streamforge_pb2 as pb
 from shared.proto import streamforge_pb2_grpc as pb_grpc
 from shared.tls import TlsIdentity
@@ -193,7 +193,7 @@ class ClusterFaults(Faults):
         self.actions = list(FAULTS)
         self.gap_s = GAP_S
         self.admin = _admin(topo)
-        self.flow = Flow(topo.bootstrap, cfg.redis_url, specs, FLOW_TIMEOUT_S)
+        self.flow = Flow(topo.bootstrap, redis_client(cfg), specs, FLOW_TIMEOUT_S)
         self.warmup_s: float | None = None
 
     def run(self) -> None:

@@ -1,6 +1,6 @@
 """Whole hosts lost or cut off under load (infra/hosts/), judged by the chaos oracle.
 
-The topology of infra/hosts/topology.py: five network namespaces on one bridge, nothing shared but
+The topology of infra/hosts/topology.py: nine network namespaces on one bridge, nothing shared but
 the network. One chaos run (tests/chaos/harness.py: three jobs, late, bad and duplicate records) with
 every job placed on the active processor (host sf-h4; the standby on sf-h5 starts once they run),
 while ``HostFaults`` injects, one after another:
@@ -10,7 +10,11 @@ while ``HostFaults`` injects, one after another:
 - ``host-loss``: every process of the active processor's host SIGKILLed; the standby resumes the
   jobs from the shared state; the host then comes back (its processor restarted, now the standby);
 - ``cut``: the now active processor's host cut off the network (its bridge port down) while it keeps
-  running, and restored after CUT_S; the other processor takes the jobs over.
+  running, and restored after CUT_S; the other processor takes the jobs over;
+- ``redis-host``: every process of the Redis primary's host SIGKILLed; the Sentinels promote the
+  replica and every client follows; the host's Redis then comes back as the new primary's replica;
+- ``control-host``: every process of the leading control's host SIGKILLed; the standby takes the
+  lead and the jobs stay where they run; the host's control then comes back as the standby.
 
 The run's verdict is the harness's: every window in Redis equals the oracle, versions never went
 back, the dead-letter and late topics hold exactly the injected records. Besides, no on-update
@@ -29,14 +33,16 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import httpx
 import pytest
 import redis
 
 from infra.hosts import net
 from infra.hosts import topology as hosts
+from infra.hosts.net import NetHost
 from infra.hosts.topology import HostsConfig
 from infra.local import procs
-from infra.local.stack import StackConfig
+from infra.local.stack import StackConfig, redis_client
 from shared.proto import streamforge_pb2 as pb
 from shared.proto import streamforge_pb2_grpc as pb_grpc
 from shared.tls import TlsIdentity
@@ -69,7 +75,7 @@ PLAN = Plan(
     seed=13,
     load_after_faults_s=10,
 )
-FAULTS = ("datanode+kafka", "host-loss", "cut")
+FAULTS = ("datanode+kafka", "host-loss", "cut", "redis-host", "control-host")
 CUT_S = 60.0
 GAP_S = 5.0
 FLOW_TIMEOUT_S = 180.0
@@ -109,9 +115,8 @@ class CountWatch(threading.Thread):
     """Reads every on-update window's count about twice a second: a count that goes down is a result
     gone back (a stale writer's, or an older one written over a newer)."""
 
-    def __init__(self, redis_url: str, job_ids: list[str]) -> None:
+    def __init__(self, client: redis.Redis, job_ids: list[str]) -> None:
         super().__init__(name="hosts-counts", daemon=True)
-        client = redis.Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=5)
         self.windows = [RedisWindows(client, j) for j in job_ids]
         self.seen: dict[tuple[str, str, int], int] = {}
         self.regressions: list[str] = []
@@ -151,9 +156,9 @@ class HostFaults(Faults):
         self.kafka = hosts.kafka(topo)
         self.actions = list(FAULTS)
         self.gap_s = GAP_S
-        self.flow = Flow(cfg.bootstrap, cfg.redis_url, specs, FLOW_TIMEOUT_S)
+        self.flow = Flow(cfg.bootstrap, redis_client(cfg), specs, FLOW_TIMEOUT_S)
         counted = [j for j, s in specs.items() if s.get("emit") is None]
-        self.counts = CountWatch(cfg.redis_url, counted)
+        self.counts = CountWatch(redis_client(cfg), counted)
         self.warmup_s: float | None = None
         self.standby_s: float | None = None
 
@@ -185,6 +190,8 @@ class HostFaults(Faults):
             "datanode+kafka": self._kill_datanode_and_kafka_node,
             "host-loss": self._lose_active_host,
             "cut": self._cut_active_host,
+            "redis-host": self._lose_redis_primary_host,
+            "control-host": self._lose_leading_control_host,
         }
         measured = inject[action]()
         _log(f"{action}: {measured}")
@@ -198,12 +205,18 @@ class HostFaults(Faults):
         return [r for r in rows if r["health"] == "alive"]
 
     def _active(self, timeout_s: float = 60) -> tuple[str, str]:
-        """(process, control's instance id) of the processor running the jobs, once only one does."""
+        """(process, control's instance id) of the processor running the jobs, once control has
+        every job RUNNING on one alive processor that reports them all. (A processor's report also
+        lists the jobs it stopped, so a stale copy's former host is not judged by it.)"""
         rows: list[dict[str, Any]] = []
 
         def one() -> bool:
-            rows[:] = [r for r in self._processors() if r["jobs"]]
-            return len(rows) == 1 and sorted(rows[0]["jobs"]) == sorted(self.job_ids)
+            status = [self.control.status(j) for j in self.job_ids]
+            owners = {s["processor"] for s in status}
+            if len(owners) != 1 or any(s["state"] != "RUNNING" for s in status):
+                return False
+            rows[:] = [r for r in self._processors() if r["instance_id"] in owners]
+            return len(rows) == 1 and set(self.job_ids) <= set(rows[0]["jobs"])
 
         procs.wait_for(one, timeout_s, "one processor running every job")
         busy = rows
@@ -320,6 +333,86 @@ class HostFaults(Faults):
             "stale_copies_stopped_s": stale_stopped_s,
         }
 
+    def _lose_host(self, process: str) -> tuple[NetHost, int]:
+        h = hosts.host_of(process)
+        killed = net.kill_all(h.netns)
+        procs.wait_for(lambda: not net.pids(h.netns), 30, f"every process of {h.name} gone")
+        return h, len(killed)
+
+    def _lose_redis_primary_host(self) -> dict[str, Any]:
+        ha = hosts.redis_ha(self.topo)
+        primary = ha.primary()
+        assert primary is not None, "the Sentinels name no Redis primary"
+        process, _ = self._active()
+        before = self.flow.progress()
+        killed_at = time.monotonic()
+        h, killed = self._lose_host(primary.name)
+
+        def promoted() -> bool:
+            now = ha.primary()
+            return now is not None and now.name != primary.name
+
+        procs.wait_for(promoted, 60, "the Sentinels to promote the replica", interval_s=0.25)
+        promoted_s = round(time.monotonic() - killed_at, 1)
+        flowing = self.flow.wait_flowing(killed_at, before)
+        # The host comes back: its Redis starts as the new primary's replica and catches up.
+        ha.start()
+        ha.wait_ready(120)
+        back = next(s for s in ha.servers() if s.name == primary.name)
+        assert back.role() == "slave", f"{primary.name} came back as {back.role()}"
+        now_active, _ = self._active()
+        return {
+            "host": h.name,
+            "primary": primary.name,
+            "processes_killed": killed,
+            "promoted_s": promoted_s,
+            **flowing,
+            "jobs_stayed": now_active == process,
+            "back_s": round(time.monotonic() - killed_at, 1),
+        }
+
+    def _leader(self) -> tuple[str, dict[str, Any]]:
+        """(process, its GET /leader) of the control replica that says it leads."""
+        for process in hosts.CONTROLS:
+            url = f"http://{hosts.host_of(process).address}:{self.cfg.control_port}/leader"
+            try:
+                body: dict[str, Any] = httpx.get(url, timeout=2).json()
+            except (httpx.HTTPError, ValueError):
+                continue
+            if body.get("leader"):
+                return process, body
+        return "", {}
+
+    def _lose_leading_control_host(self) -> dict[str, Any]:
+        leader, before_lease = self._leader()
+        assert leader, "no control replica leads"
+        process, _ = self._active()
+        before = self.flow.progress()
+        killed_at = time.monotonic()
+        h, killed = self._lose_host(leader)
+        procs.wait_for(lambda: self._leader()[0] not in ("", leader), 60, "the standby control to lead",
+                       interval_s=0.25)  # fmt: skip
+        took_over_s = round(time.monotonic() - killed_at, 1)
+        new_leader, lease = self._leader()
+        flowing = self.flow.wait_flowing(killed_at, before)
+        # The host comes back: its control starts as the standby and leaves the lead where it is.
+        r = hosts.replica(self.topo, leader)
+        hosts.start_replica(self.topo, r)
+        hosts.wait_replica(self.topo, r)
+        now_active, _ = self._active()
+        still, _ = self._leader()
+        assert still == new_leader, f"the lead moved again to {still!r} when {leader} came back"
+        return {
+            "host": h.name,
+            "leader": leader,
+            "processes_killed": killed,
+            "took_over_s": took_over_s,
+            "term": [before_lease.get("term"), lease.get("term")],
+            **flowing,
+            "jobs_stayed": now_active == process,
+            "back_s": round(time.monotonic() - killed_at, 1),
+        }
+
 
 def running_jobs(topo: HostsConfig, process: str) -> list[str]:
     """The jobs processor ``process`` says it runs (JobCommands.ListJobs, with control's certificate)."""
@@ -399,3 +492,19 @@ def test_active_processor_host_cut_off_one_writer_nothing_goes_back(hosts_run: d
     running = hosts_run["running_after"]
     placed = sorted(j for jobs in running.values() for j in jobs)
     assert placed == sorted(j["job_id"] for j in hosts_run["jobs"]), running
+
+
+@pytest.mark.timeout(1500)
+def test_redis_primary_host_lost_replica_promoted_every_window_exact(hosts_run: dict[str, Any]) -> None:
+    fault = _fault(hosts_run, "redis-host")
+    assert fault["measured"]["processes_killed"] > 0
+    assert fault["measured"]["jobs_stayed"], "a Redis failover must not move the jobs"
+    _exact(hosts_run)
+
+
+@pytest.mark.timeout(1500)
+def test_leading_control_host_lost_standby_leads_every_window_exact(hosts_run: dict[str, Any]) -> None:
+    fault = _fault(hosts_run, "control-host")
+    assert fault["measured"]["processes_killed"] > 0
+    assert fault["measured"]["jobs_stayed"], "a change of control leader must not move the jobs"
+    _exact(hosts_run)
