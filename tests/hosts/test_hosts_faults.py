@@ -429,7 +429,7 @@ def running_jobs(topo: HostsConfig, process: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def hosts_run(topology: HostsConfig) -> dict[str, Any]:
-    """One chaos run with the three host faults; the tests below judge its parts."""
+    """One chaos run with the five host faults; the tests below judge its parts."""
     cfg = topology
     made: list[HostFaults] = []
 
