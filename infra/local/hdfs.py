@@ -245,10 +245,6 @@ class NameNode(_Daemon):
             "dfs.namenode.datanode.registration.ip-hostname-check": "false",
             "dfs.namenode.handler.count": 8,
             "dfs.namenode.service.handler.count": 2,
-            # A file closes once its DataNodes acknowledged the last block, not once they reported it
-            # to the NameNode: otherwise each close polls from 400 ms on, and a checkpoint writes
-            # several small files per batch.
-            "dfs.namenode.file.close.num-committed-allowed": 1,
         }
 
     def _formatted_cluster_id(self) -> str | None:
