@@ -182,7 +182,7 @@ def build_spark(settings: ProcessorSettings, jars: list[str], scratch: Path | No
         .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
         # HDFS: closing a file polls the NameNode until its DataNodes reported the block, first after
         # 400 ms by default; a checkpoint closes several small files per batch, so poll sooner.
-        .config("spark.hadoop.dfs.client.block.write.locateFollowingBlock.initial.delay.ms", "20")
+        .config("spark.hadoop.dfs.client.block.write.locateFollowingBlock.initial.delay.ms", "5")
         # FileSystem, not FileContext, for local checkpoints: without Hadoop's native library
         # FileContext's rename forks `readlink`. Two queries never write one checkpoint directory
         # (each start runs in an epoch directory of its own: state/checkpoints.py); checkpoints on
