@@ -343,33 +343,36 @@ class Faults(threading.Thread):
         raise RuntimeError(f"job {job_id} did not run again after the kill during its savepoint")
 
 
-class VersionWatch(threading.Thread):
-    """Reads every window's version in Redis about once a second: a version that goes down is a
-    regression (the sink's compare-and-set must never let an older result overwrite a newer one)."""
+class MonotonicWatch(threading.Thread):
+    """Reads one field of every window of the jobs in Redis every ``every_s``: a value that goes down
+    is a regression (versions: the sink's compare-and-set let an older result overwrite a newer one;
+    on-update counts: a result went back, a stale writer's or an older one written over a newer)."""
 
-    def __init__(self, client: redis.Redis, job_ids: list[str]) -> None:
-        super().__init__(name="chaos-versions", daemon=True)
+    def __init__(self, client: redis.Redis, job_ids: list[str], field: str, every_s: float = 1.0) -> None:
+        super().__init__(name=f"chaos-{field}-watch", daemon=True)
         self.windows = [RedisWindows(client, j) for j in job_ids]
+        self.field = field
+        self.every_s = every_s
         self.seen: dict[tuple[str, str, int], int] = {}
         self.regressions: list[str] = []
         self.reads = 0
         self.stopped = threading.Event()
 
     def run(self) -> None:
-        while not self.stopped.wait(1.0):
+        while not self.stopped.wait(self.every_s):
             for w in self.windows:
                 try:
-                    current = w.read(["version"])
+                    current = w.read([self.field])
                 except redis.RedisError:
-                    continue  # Redis is being restarted
+                    continue  # Redis is being restarted or failing over
                 for (key, start), fields in current.items():
-                    version = fields.get("version")
-                    if version is None:
+                    value = fields.get(self.field)
+                    if value is None:
                         continue
                     before = self.seen.get((w.job_id, key, start))
-                    if before is not None and int(version) < before:
-                        self.regressions.append(f"{w.job_id} {key} {start}: {before} -> {version}")
-                    self.seen[(w.job_id, key, start)] = max(int(version), before or 0)
+                    if before is not None and int(value) < before:
+                        self.regressions.append(f"{w.job_id} {key} {start}: {self.field} {before} -> {value}")
+                    self.seen[(w.job_id, key, start)] = max(int(value), before or 0)
             self.reads += 1
 
 
@@ -502,7 +505,7 @@ def run(
         duration_s = sum(len(d.records) for d in inputs) / plan.rate
         faults = faults_factory(cfg, control, plan, specs, duration_s)
         started = time.monotonic()
-        watch = VersionWatch(redis_client(cfg), list(specs))
+        watch = MonotonicWatch(redis_client(cfg), list(specs), "version")
         watch.start()
         faults.start()
         tail_s = plan.load_after_faults_s

@@ -28,14 +28,12 @@ import json
 import os
 import shutil
 import signal
-import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
 import pytest
-import redis
 
 from infra.hosts import net
 from infra.hosts import topology as hosts
@@ -47,10 +45,9 @@ from shared.proto import streamforge_pb2 as pb
 from shared.proto import streamforge_pb2_grpc as pb_grpc
 from shared.tls import TlsIdentity
 from tests.bench.stack import Control
-from tests.bench.workload import RedisWindows
 from tests.chaos.__main__ import print_report
 from tests.chaos.flow import Flow
-from tests.chaos.harness import Faults, Plan, run
+from tests.chaos.harness import Faults, MonotonicWatch, Plan, run
 
 pytestmark = [
     pytest.mark.e2e,
@@ -111,36 +108,6 @@ def _write_report(cfg: HostsConfig, part: dict[str, Any]) -> None:
     path.write_text(json.dumps(report, indent=2))
 
 
-class CountWatch(threading.Thread):
-    """Reads every on-update window's count about twice a second: a count that goes down is a result
-    gone back (a stale writer's, or an older one written over a newer)."""
-
-    def __init__(self, client: redis.Redis, job_ids: list[str]) -> None:
-        super().__init__(name="hosts-counts", daemon=True)
-        self.windows = [RedisWindows(client, j) for j in job_ids]
-        self.seen: dict[tuple[str, str, int], int] = {}
-        self.regressions: list[str] = []
-        self.reads = 0
-        self.stopped = threading.Event()
-
-    def run(self) -> None:
-        while not self.stopped.wait(0.5):
-            for w in self.windows:
-                try:
-                    current = w.read(["n"])
-                except redis.RedisError:
-                    continue
-                for (key, start), fields in current.items():
-                    n = fields.get("n")
-                    before = self.seen.get((w.job_id, key, start))
-                    if n is None:
-                        continue
-                    if before is not None and int(n) < before:
-                        self.regressions.append(f"{w.job_id} {key} {start}: n {before} -> {n}")
-                    self.seen[(w.job_id, key, start)] = max(int(n), before or 0)
-            self.reads += 1
-
-
 class HostFaults(Faults):
     def __init__(
         self,
@@ -158,7 +125,7 @@ class HostFaults(Faults):
         self.gap_s = GAP_S
         self.flow = Flow(cfg.bootstrap, redis_client(cfg), specs, FLOW_TIMEOUT_S)
         counted = [j for j, s in specs.items() if s.get("emit") is None]
-        self.counts = CountWatch(redis_client(cfg), counted)
+        self.counts = MonotonicWatch(redis_client(cfg), counted, "n", every_s=0.5)
         self.warmup_s: float | None = None
         self.standby_s: float | None = None
 

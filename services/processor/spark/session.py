@@ -180,8 +180,8 @@ def build_spark(settings: ProcessorSettings, jars: list[str], scratch: Path | No
         .config("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
         # Each batch uploads only the changed state, not a RocksDB snapshot.
         .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
-        # HDFS: closing a file polls the NameNode until its DataNodes reported the block, first after
-        # 400 ms by default; a checkpoint closes several small files per batch, so poll sooner.
+        # HDFS: closing a file polls the NameNode until its DataNodes reported the block, and Hadoop's
+        # first wait is long next to writing a small file; a checkpoint closes several per batch.
         .config("spark.hadoop.dfs.client.block.write.locateFollowingBlock.initial.delay.ms", "5")
         # FileSystem, not FileContext, for local checkpoints: without Hadoop's native library
         # FileContext's rename forks `readlink`. Two queries never write one checkpoint directory
