@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
+import orjson
 import typer
 from confluent_kafka import Consumer, KafkaError, Producer
 from rich.console import Console
@@ -24,6 +25,7 @@ from rich.table import Table
 from client.sdk import Client, ClientError
 from client.settings import CliSettings
 from shared.errors import StreamForgeError
+from shared.jobspec import JobSpec, load_job_spec, parse_job_spec, spec_to_json
 
 app = typer.Typer(
     name="streamforge",
@@ -129,10 +131,19 @@ def submit(
     spec: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="job spec (.yaml/.yml/.json)")],
     from_savepoint: Annotated[str, typer.Option(help="start from this savepoint path")] = "",
     wait: Annotated[bool, typer.Option(help="wait for the processor's answer")] = True,
+    parallelism: Annotated[
+        int | None, typer.Option(min=1, help="task slots the job reserves (overrides the spec's)")
+    ] = None,
 ) -> None:
     """Submit a job spec; it runs on a live processor (or waits CREATED for one)."""
+    job_spec: Path | JobSpec = spec
+    if parallelism is not None:
+        loaded = load_job_spec(spec)
+        job_spec = parse_job_spec(
+            orjson.dumps({**orjson.loads(spec_to_json(loaded)), "parallelism": parallelism})
+        )
     with _control(f"submitting {spec.name}...") as client:
-        job = client.submit(spec, from_savepoint=from_savepoint, wait=wait)
+        job = client.submit(job_spec, from_savepoint=from_savepoint, wait=wait)
     _show_status(job)
 
 

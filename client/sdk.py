@@ -188,6 +188,13 @@ class Job:
     def trigger(self, interval: Duration, mode: Literal["micro_batch", "real_time"] = "micro_batch") -> Job:
         return self._with(trigger_interval=interval, trigger_mode=mode)
 
+    def set_parallelism(self, slots: int) -> Job:
+        """The task slots the job reserves on its processor (micro-batch: also its state partitions'
+        upper bound); control refuses the job (429) when no processor has them free."""
+        return self._with(parallelism=slots)
+
+    parallelism = set_parallelism
+
     def to(self, output_topic: str) -> Job:
         return self._with(output_topic=output_topic)
 

@@ -4,7 +4,8 @@ Every ingest, processor and sink instance runs one ``Registration`` (``start_reg
 blocks or fails the service: a daemon thread retries with backoff while control is away, follows the
 leader among control's replicas, and registers again when a heartbeat answers ``known=false``; with no
 ``SF_CONTROL_GRPC_TARGET`` it does nothing. A
-processor passes ``jobs`` (the ``JobStatus`` of the jobs it runs), from which control updates job states.
+processor passes ``jobs`` (the ``JobStatus`` of the jobs it runs), from which control updates job states,
+and ``slots`` (its task slots, shared/slots.py), from which control places jobs.
 Load (CPU and memory of the process and its children, such as a PySpark JVM, and records/s) is measured
 here (``LoadMeter``).
 """
@@ -33,6 +34,7 @@ from shared.tls import TlsIdentity, open_channel
 log = logging.getLogger(__name__)
 
 JobsProvider = Callable[[], Iterable[pb.JobStatus]]
+SlotsProvider = Callable[[], pb.TaskSlots]
 
 
 def new_instance_id(service: str) -> str:
@@ -186,6 +188,7 @@ class Registration:
         host: str = "127.0.0.1",
         instance_id: str | None = None,
         jobs: JobsProvider | None = None,
+        slots: SlotsProvider | None = None,
         timeout_s: float = 3.0,
         max_backoff_s: float = 5.0,
         tls: TlsIdentity | None = None,
@@ -202,6 +205,7 @@ class Registration:
             version=_version(),
         )
         self.jobs = jobs
+        self.slots = slots
         self.tls = tls
         self.timeout_s = timeout_s
         self.max_backoff_s = max_backoff_s
@@ -301,7 +305,12 @@ class Registration:
                 self._stop.wait(self.interval_s)
 
     def _register(self) -> None:
-        reply = self._stub().Register(pb.RegisterRequest(instance=self.instance), timeout=self.timeout_s)
+        instance = self.instance
+        if self.slots is not None:
+            instance = pb.ServiceInstance()
+            instance.CopyFrom(self.instance)
+            instance.slots.CopyFrom(self.slots())
+        reply = self._stub().Register(pb.RegisterRequest(instance=instance), timeout=self.timeout_s)
         if reply.heartbeat_interval_ms > 0:
             self.interval_s = reply.heartbeat_interval_ms / 1000
         self.registered.set()
@@ -316,7 +325,10 @@ class Registration:
         statuses = list(self.jobs()) if self.jobs is not None else []
         running = sum(1 for s in statuses if s.state == pb.JOB_STATE_RUNNING)
         request = pb.HeartbeatRequest(
-            instance_id=self.instance_id, load=self._meter.read(running), jobs=statuses
+            instance_id=self.instance_id,
+            load=self._meter.read(running),
+            jobs=statuses,
+            slots=self.slots() if self.slots is not None else None,
         )
         reply = self._stub().Heartbeat(request, timeout=self.timeout_s)
         self.heartbeats_sent += 1
@@ -332,6 +344,7 @@ def start_registration(
     grpc_port: int,
     metrics_port: int = 0,
     jobs: JobsProvider | None = None,
+    slots: SlotsProvider | None = None,
     instance_id: str | None = None,
     tls: TlsIdentity | None = None,
 ) -> Registration:
@@ -347,6 +360,7 @@ def start_registration(
         metrics_port=metrics_port,
         instance_id=instance_id,
         jobs=jobs,
+        slots=slots,
         tls=tls,
     )
     if not registration.enabled:

@@ -26,7 +26,7 @@ from shared.errors import StreamForgeError
 from shared.grpc_server import GrpcServices, HealthServedGrpcServer
 from shared.logs import configure_logging
 from shared.metrics import serve_metrics
-from shared.registration import JobsProvider, start_registration
+from shared.registration import JobsProvider, SlotsProvider, start_registration
 from shared.settings import BaseServiceSettings
 from shared.tls import TlsIdentity, authorizing_interceptor, service_tls
 from shared.tracing import grpc_server_interceptor, setup_tracing, shutdown_tracing
@@ -63,6 +63,7 @@ class Wiring:
     grpc: GrpcEndpoint | None = None  # None: no gRPC server, and no registration with control
     metrics_port: int = 0  # 0: no metrics server of its own (control serves /metrics on its API)
     jobs: JobsProvider | None = None  # what the processor's heartbeats report
+    slots: SlotsProvider | None = None  # the processor's task slots, likewise
 
 
 def run_service(
@@ -150,6 +151,12 @@ def _start(
         teardown.callback(serve_metrics(wiring.metrics_port, settings.bind_host))
     if server is not None:
         registration = start_registration(
-            settings, name, grpc_port=server.port, metrics_port=wiring.metrics_port, jobs=wiring.jobs, tls=tls
+            settings,
+            name,
+            grpc_port=server.port,
+            metrics_port=wiring.metrics_port,
+            jobs=wiring.jobs,
+            slots=wiring.slots,
+            tls=tls,
         )
         teardown.callback(registration.stop)

@@ -23,9 +23,10 @@ from typing import Any
 import grpc
 
 from services.control.context import ControlContext
-from services.control.errors import ControlError
+from services.control.errors import ControlError, NoSlots
 from services.control.metrics import CONTROL_COMMANDS
 from services.control.peers import TRANSIENT_CODES, code_of, describe
+from services.control.placement import Placement
 from services.control.store import InstanceRecord, JobRecord
 from services.control.transitions import STARTABLE, Transitions
 from shared.jobstate import ACTIVE_STATES, JobState
@@ -58,9 +59,10 @@ def wait(fut: Future[Any], wait_s: float) -> None:
 
 
 class Dispatcher:
-    def __init__(self, ctx: ControlContext, transitions: Transitions) -> None:
+    def __init__(self, ctx: ControlContext, transitions: Transitions, placement: Placement) -> None:
         self.ctx = ctx
         self.transitions = transitions
+        self.placement = placement
         self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="control-cmd")
         self._inflight: dict[tuple[str, str], Future[Any]] = {}
         self._job_locks: dict[str, threading.Lock] = {}
@@ -71,7 +73,7 @@ class Dispatcher:
 
     # --- what callers schedule (each returns the command's future; tests wait for them) -------------
     def start_job(self, job_id: str) -> Future[Any]:
-        """Start a CREATED job, or a FAILING one control must restart, on the least loaded processor."""
+        """Start a CREATED job, or a FAILING one control must restart, where it fits (``placement``)."""
         return self._schedule("start", job_id, self._start_job, job_id)
 
     def stop_job(self, job_id: str) -> Future[Any]:
@@ -147,8 +149,11 @@ class Dispatcher:
             processors = self.ctx.instances.alive("processor")
             if not processors:
                 return
-            processor = self._choose(job, processors)
-            placed = self.transitions.place(job_id, processor.instance_id, self.ctx.clock())
+            with self.placement.lock:
+                processor = self._choose(job, processors)
+                if processor is None:
+                    return
+                placed = self.transitions.place(job_id, processor.instance_id, self.ctx.clock())
             if placed is None or placed.processor != processor.instance_id:
                 return
             # A job that never ran starts from its savepoint; after that its own checkpoint is newer.
@@ -214,19 +219,18 @@ class Dispatcher:
                 only_from=STARTABLE,
             )
 
-    def _choose(self, job: JobRecord, processors: list[InstanceRecord]) -> InstanceRecord:
+    def _choose(self, job: JobRecord, processors: list[InstanceRecord]) -> InstanceRecord | None:
+        """Where the job starts; None (noted on the job, retried) while no processor has its slots."""
         by_id = {p.instance_id: p for p in processors}
-        # A start that timed out may have worked: retry where it went rather than run the job twice.
+        # Placed when it was admitted, or a start that timed out and may have worked: go there again
+        # rather than run the job twice.
         if job.state == JobState.CREATED and job.processor in by_id:
             return by_id[job.processor]
-        placed: dict[str, int] = {}
-        for j in self.ctx.jobs.list():
-            if j.state in ACTIVE_STATES and j.id != job.id:
-                placed[j.processor] = placed.get(j.processor, 0) + 1
-        return min(
-            processors,
-            key=lambda p: (placed.get(p.instance_id, 0), p.load.get("running_jobs", 0), p.instance_id),
-        )
+        try:
+            return self.placement.choose(job.id, self.placement.need_of_record(job), processors)
+        except NoSlots as e:
+            self.transitions.note(job.id, f"waiting for task slots: {e}")
+            return None
 
     # --- StopJob ---------------------------------------------------------------------------------------
     def _stop_job(self, job_id: str) -> None:

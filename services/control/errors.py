@@ -38,6 +38,20 @@ class SpecRejected(ControlError):
     http_status = 422
 
 
+class Overloaded(ControlError):
+    """The job would take more than there is: task slots, or a token's share (then ``retry_after_s``)."""
+
+    http_status = 429
+
+    def __init__(self, message: str, retry_after_s: int = 0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class NoSlots(Overloaded):
+    """No live processor has the task slots a job needs free."""
+
+
 class StoreUnavailable(ControlError):
     http_status = 503
 

@@ -18,12 +18,14 @@ import threading
 from concurrent.futures import Future
 from typing import Any
 
+from services.control.admission import Admission
 from services.control.context import ControlContext
 from services.control.dispatch import Dispatcher, active_specs, specs_digest, wait
 from services.control.errors import ControlError, JobConflict, JobNotFound, PathRefused, SpecRejected
 from services.control.leader import LeaderElection
 from services.control.metrics import CONTROL_INSTANCES, CONTROL_JOBS, CONTROL_LEADER
 from services.control.peers import Peers
+from services.control.placement import Placement
 from services.control.registry import SERVICES, Registry
 from services.control.settings import ControlSettings
 from services.control.store import InstanceRecord, InstanceStore, JobRecord, JobStore
@@ -59,7 +61,9 @@ class JobManager:
         self._last_probe_ms = 0
         ctx = ControlContext(settings, jobs, instances, peers, clock, self.wake, leader)
         self.transitions = Transitions(ctx)
-        self.dispatch = Dispatcher(ctx, self.transitions)
+        self.placement = Placement(ctx)
+        self.admission = Admission(settings, clock)
+        self.dispatch = Dispatcher(ctx, self.transitions, self.placement)
         self.registry = Registry(ctx, self.transitions, self.dispatch)
         leader.on_change(self._leadership_changed)
 
@@ -118,10 +122,22 @@ class JobManager:
             raise PathRefused(refusal(what, path, roots, "SF_CONTROL_SAVEPOINT_ROOTS"))
 
     def submit(
-        self, spec: JobSpec, from_savepoint: str = "", wait_s: float = 0.0, *, trusted_savepoint: bool = False
+        self,
+        spec: JobSpec,
+        from_savepoint: str = "",
+        wait_s: float = 0.0,
+        *,
+        trusted_savepoint: bool = False,
+        owner: str = "",
     ) -> JobRecord:
-        """Store the job (CREATED) and start it; ``trusted_savepoint``: the path came from a processor."""
+        """Store the job (CREATED) placed on the processor it fits best, and start it there.
+
+        ``trusted_savepoint``: the path came from a processor. ``owner``: the submitting token's
+        digest (auth.token_owner). Overloaded (429) when the token is over its share or no live
+        processor has the job's task slots free: a job that does not fit never starts.
+        """
         self.leader.check()
+        self.admission.count_submission(owner)
         if not trusted_savepoint:
             self.check_savepoint_path(from_savepoint, "from_savepoint")
         if spec.id.startswith(constants.WARMUP_JOB_PREFIX):
@@ -131,7 +147,15 @@ class JobManager:
                 "processors' own warm-up job; pick another id"
             )
         self.check_output_topic(spec)
-        self.transitions.create(spec, from_savepoint)
+        with self.placement.lock:
+            jobs = self.jobs.list()
+            self.admission.check_jobs(owner, jobs)
+            processors = self.instances.alive("processor")
+            # No processor yet: the job waits CREATED and is placed when one registers.
+            where = None
+            if processors:
+                where = self.placement.choose(spec.id, self.placement.need_of(spec), processors)
+            self.transitions.create(spec, from_savepoint, owner=owner, processor=where)
         wait(self.dispatch.start_job(spec.id), wait_s)
         self.wake()  # ingest and the sink get the new stream
         return self.get(spec.id)

@@ -19,6 +19,7 @@ from services.control.store import InstanceRecord, JobRecord
 from services.control.transitions import SHOULD_RUN, STARTABLE, Transitions
 from shared.jobstate import QUARANTINED, JobState
 from shared.proto import streamforge_pb2 as pb
+from shared.slots import Slots
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,7 @@ class Registry:
             version=instance.version,
             registered_at_ms=now,
             last_heartbeat_ms=now,
+            slots=Slots.of_proto(instance.slots).to_dict() if instance.HasField("slots") else {},
         )
         if previous is not None and previous.target != record.target:
             self.ctx.peers.forget(previous.target)
@@ -87,13 +89,15 @@ class Registry:
         now = self.ctx.clock()
         load = {f.name: float(getattr(request.load, f.name)) for f in request.load.DESCRIPTOR.fields}
         reported = list(request.jobs)
+        update: dict[str, object] = {"last_heartbeat_ms": now, "load": load}
+        update["jobs"] = sorted(s.job_id for s in reported)
+        if request.HasField("slots"):
+            update["slots"] = Slots.of_proto(request.slots).to_dict()
 
         def beat(r: InstanceRecord) -> InstanceRecord | None:
             if r.health != "alive":
                 return None
-            return r.model_copy(
-                update={"last_heartbeat_ms": now, "load": load, "jobs": sorted(s.job_id for s in reported)}
-            )
+            return r.model_copy(update=update)
 
         record = self.ctx.instances.update(request.instance_id, beat)
         known = record is not None and record.health == "alive"

@@ -95,6 +95,17 @@ class ControlSettings(BaseServiceSettings):
         description="directories (paths or URIs) a request may name for savepoints (the processor reads and "
         "writes there); empty: `<data_dir>/savepoints`",
     )
+    max_jobs_per_token: int = Field(
+        50,
+        ge=0,
+        description="active jobs one API token may have (POST /jobs answers 429 past it); 0: no limit",
+    )
+    submissions_per_minute: int = Field(
+        60,
+        ge=0,
+        description="job submissions one API token may make in any minute (429 with Retry-After past "
+        "it); 0: no limit",
+    )
     max_spec_bytes: int = Field(1_048_576, ge=1_024, description="the largest job spec POST /jobs accepts")
     advertised_host: str = Field(
         "",

@@ -42,6 +42,7 @@ class JobRecord(BaseModel):
     state: JobState = JobState.CREATED
     message: str = ""  # why the job is in its state (FAILING, FAILED, CANCELED...)
     processor: str = ""  # instance id of the processor the job was last placed on
+    owner: str = ""  # a digest of the API token that submitted it ("" without tokens)
     placed_at_ms: int = 0
     created_at_ms: int
     updated_at_ms: int
@@ -110,6 +111,7 @@ class InstanceRecord(BaseModel):
     lost_reason: str = ""  # how control learnt it was gone (heartbeat timeout, connection refused)
     load: dict[str, float] = Field(default_factory=dict)
     jobs: list[str] = Field(default_factory=list)  # what a processor says it runs
+    slots: dict[str, int] = Field(default_factory=dict)  # a processor's task slots (shared/slots.py)
     grpc_health: str = "UNKNOWN"  # the instance's own grpc.health.v1 answer, probed by control
     grpc_health_at_ms: int = 0
     streams_digest: str = ""  # digest of the job specs this ingest/sink last accepted

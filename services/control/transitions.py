@@ -17,7 +17,7 @@ from services.control.context import ControlContext
 from services.control.errors import IllegalTransition, JobConflict, JobNotFound
 from services.control.lifecycle import allowed_next, can_transition
 from services.control.metrics import CONTROL_JOB_TRANSITIONS
-from services.control.store import JobRecord
+from services.control.store import InstanceRecord, JobRecord
 from shared.jobspec import JobSpec, spec_to_json
 from shared.jobstate import JobState
 
@@ -73,8 +73,11 @@ class Transitions:
         )
 
     # --- what the REST API asks for -----------------------------------------------------------------
-    def create(self, spec: JobSpec, from_savepoint: str) -> JobRecord:
-        """Store a new job, CREATED (JobConflict while a job with that id is still active)."""
+    def create(
+        self, spec: JobSpec, from_savepoint: str, *, owner: str = "", processor: InstanceRecord | None = None
+    ) -> JobRecord:
+        """Store a new job, CREATED (JobConflict while a job with that id is still active), placed on
+        ``processor`` if given."""
         now = self.ctx.clock()
         record = JobRecord(
             id=spec.id,
@@ -82,7 +85,12 @@ class Transitions:
             created_at_ms=now,
             updated_at_ms=now,
             from_savepoint=from_savepoint,
-        ).moved_to(JobState.CREATED, now, "submitted; waiting for a processor")
+            owner=owner,
+            processor=processor.instance_id if processor is not None else "",
+            placed_at_ms=now if processor is not None else 0,
+        )
+        why = f"starting on processor {processor.instance_id}" if processor else "waiting for a processor"
+        record = record.moved_to(JobState.CREATED, now, f"submitted; {why}")
         self.ctx.jobs.create(record)
         CONTROL_JOB_TRANSITIONS.labels("", JobState.CREATED).inc()
         log.info("job %s submitted%s", spec.id, f" from savepoint {from_savepoint}" if from_savepoint else "")

@@ -29,7 +29,13 @@ def build(settings: ProcessorSettings, tracer: Tracer, _tls: TlsIdentity | None)
     processor = Processor(settings, specs, settings.spark_jars, tracer=tracer)
     # JobCommands over the job runner that start() builds; served once every job resumed.
     grpc = GrpcEndpoint(settings.bind_host, settings.grpc_port, processor.grpc_services)
-    return Wiring(processor, grpc=grpc, metrics_port=settings.metrics_port, jobs=processor.job_statuses)
+    return Wiring(
+        processor,
+        grpc=grpc,
+        metrics_port=settings.metrics_port,
+        jobs=processor.job_statuses,
+        slots=processor.task_slots,
+    )
 
 
 def main() -> int:

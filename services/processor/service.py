@@ -125,6 +125,10 @@ class Processor:
         """What ListJobs answers; heartbeats to control carry it."""
         return [to_proto(v) for v in self.runner.list()] if self.runner is not None else []
 
+    def task_slots(self) -> pb.TaskSlots:
+        """What the heartbeats advertise: the task slots and what the running jobs hold."""
+        return self.runner.slots().to_proto() if self.runner is not None else pb.TaskSlots()
+
     def stop(self) -> None:
         self._stop.set()
 

@@ -81,6 +81,13 @@ class ProcessorSettings(BaseServiceSettings):
         description="task slots a `local[N]` master keeps beside its N cores for real-time jobs, whose "
         "tasks run as long as a batch and mostly wait; 0: real-time jobs share the N",
     )
+    batch_task_slots: int = Field(
+        0,
+        ge=0,
+        le=4096,
+        description="task slots micro-batch jobs reserve from (a job its `parallelism`, default 1); "
+        "control places no more on this processor; 0: four per core of the master",
+    )
     driver_memory: str = Field(
         "768m",
         description=f"the driver JVM's heap (and a local master's executor), with a unit; at least "

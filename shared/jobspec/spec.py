@@ -56,6 +56,8 @@ REAL_TIME_TRIGGER_INTERVAL_MS = 30_000
 # A micro-batch job's default trigger_interval: waiting for the next batch is a large share of a
 # result's delay, and a shorter interval costs CPU, as each batch's fixed cost runs more often.
 MICRO_BATCH_TRIGGER_INTERVAL_MS = 500
+# More than any processor's slots: a spec asking for more could never be placed.
+MAX_PARALLELISM = 256
 JobKind = Literal["windowed", "dedup", "join", "stateless"]
 
 
@@ -80,6 +82,8 @@ class JobSpec(SpecModel):
     emit: EmitPolicy = "on_update"
     trigger_interval: DurationMs = Field(MICRO_BATCH_TRIGGER_INTERVAL_MS, gt=0)  # real-time: see above
     trigger_mode: TriggerMode = "micro_batch"
+    # The task slots the job reserves on its processor (shared/slots.py); None: the least it needs.
+    parallelism: int | None = Field(None, ge=1, le=MAX_PARALLELISM)
     output_topic: str = Field(constants.DEFAULT_AGGREGATES_TOPIC, pattern=TOPIC_NAME)
 
     @model_validator(mode="before")

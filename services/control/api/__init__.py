@@ -14,7 +14,7 @@ from opentelemetry import trace
 from services.control import dashboard
 from services.control.api.routes import cluster, health, jobs, monitoring, services
 from services.control.dashboard.settings import DashboardSettings
-from services.control.errors import ControlError, NotLeader
+from services.control.errors import ControlError, NotLeader, Overloaded
 from services.control.plane import ControlPlane
 from services.control.settings import ControlSettings
 from services.control.store import JobRecord
@@ -76,6 +76,8 @@ def create_app(
         if isinstance(exc, NotLeader):
             # A client with a list of control URLs tries the next one (client/sdk.py).
             headers = {"Retry-After": "1", constants.CONTROL_LEADER_HEADER: exc.leader_api_url}
+        elif isinstance(exc, Overloaded) and exc.retry_after_s:
+            headers = {"Retry-After": str(exc.retry_after_s)}
         return JSONResponse({"detail": str(exc)}, status_code=exc.http_status, headers=headers)
 
     routers = (health.router, jobs.router, services.router, cluster.router, monitoring.router)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 from typing import Annotated
 
@@ -64,6 +65,15 @@ def require_read(request: Request, credentials: Credentials) -> None:
 
 def require_write(request: Request, credentials: Credentials) -> None:
     authorize(request.app.state.settings, credentials, Scope.WRITE, f"{request.method} {request.url.path}")
+
+
+def token_owner(request: Request) -> str:
+    """Who submits, for the per-token limits: a digest of the request's bearer token ("" without one),
+    never the token itself."""
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return ""
+    return hashlib.sha256(token.strip().encode()).hexdigest()[:12]
 
 
 AUTH_RESPONSES: dict[int | str, dict[str, object]] = {

@@ -29,9 +29,9 @@ from services.processor.spark.scheduler import STOPPED_TASKS_TIMEOUT_S, await_ta
 from shared.errors import SpecError
 from shared.jobspec import JobSpec
 from shared.kafka import partition_count
+from shared.slots import BATCH, REAL_TIME_SHUFFLE_PARTITIONS, REALTIME, SlotNeed, Slots, slots_needed
 
 log = logging.getLogger(__name__)
-REAL_TIME_SHUFFLE_PARTITIONS = 1
 SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
 CHECKPOINT_FILE_MANAGER_KEY = "spark.sql.streaming.checkpointFileManagerClass"
 FILE_CONTEXT_MANAGER = (
@@ -119,10 +119,13 @@ def state_partitions(spark: SparkSession, spec: JobSpec, bootstrap: str) -> int:
     """A micro-batch job's state partitions: as many as its sources have, at most the session's.
 
     Each is a task and a state store committed every batch, a fixed cost that buys nothing past the
-    topic's own parallelism (as Kafka Streams' tasks follow partitions). Spark keeps the number a
+    topic's own parallelism (as Kafka Streams' tasks follow partitions), nor past the job's own
+    ``parallelism`` (the slots it reserves). Spark keeps the number a
     query started with in its checkpoint, so a job that resumes keeps its own.
     """
     configured = int(spark.conf.get(SHUFFLE_PARTITIONS) or "200")
+    if spec.parallelism is not None:
+        configured = min(configured, spec.parallelism)
     most = max(partition_count(bootstrap, source.valid_topic) for source in spec.sources)
     return min(configured, most) if most > 0 else configured
 
@@ -189,27 +192,37 @@ def check_real_time_interval(spark: SparkSession, spec: JobSpec) -> None:
         )
 
 
-def realtime_slots(spec: JobSpec, bootstrap: str) -> int:
-    """Task slots a real-time query holds for as long as it runs: a task per source partition,
-    and (windowed) one per shuffle partition."""
-    sources = sum(partition_count(bootstrap, s.valid_topic) for s in spec.sources)
-    return sources + (REAL_TIME_SHUFFLE_PARTITIONS if spec.kind == "windowed" else 0)
+def slots_of(spec: JobSpec, bootstrap: str) -> SlotNeed:
+    """The task slots the job takes here (shared/slots.py), from its topics' real partition counts."""
+    return slots_needed(spec, lambda topic: partition_count(bootstrap, topic))
 
 
-def check_task_slots(spec: JobSpec, others: list[JobSpec], slots: int, bootstrap: str) -> None:
-    """Refuse a real-time query that cannot get all its task slots at once beside ``others``: it would
-    wait forever and starve the micro-batch jobs."""
-    held = sum(realtime_slots(o, bootstrap) for o in others)
-    needed = realtime_slots(spec, bootstrap)
-    TASK_SLOTS.set(slots)
-    if held + needed > slots:
-        TASK_SLOTS_HELD.set(held)
+def check_task_slots(spec: JobSpec, others: list[SlotNeed], slots: Slots, bootstrap: str) -> SlotNeed:
+    """Refuse a query whose slots ``others`` (the running jobs' needs) leave too few of: a real-time one
+    would wait forever and starve the micro-batch jobs, a micro-batch one would make every job's batches
+    queue. Control places jobs where they fit; this is the last guard. Returns the job's need."""
+    need = slots_of(spec, bootstrap)
+    held = sum(o.count for o in others if o.pool == need.pool)
+    total = slots.total(need.pool)
+    if need.pool == REALTIME:
+        TASK_SLOTS.set(total)
+    if held + need.count > total:
+        if need.pool == REALTIME:
+            TASK_SLOTS_HELD.set(held)
         SLOT_REFUSALS.labels(spec.id).inc()
+        if need.pool == BATCH:
+            raise SpecError(
+                f"job {spec.id}: micro-batch mode reserves {need.count} task slot(s) (its parallelism); "
+                f"this processor has {total} for micro-batch jobs and other jobs hold {held}. Lower the "
+                "parallelism, or add slots (SF_PROCESSOR_BATCH_TASK_SLOTS) or processors"
+            )
         raise SpecError(
-            f"job {spec.id}: real-time mode holds {needed} task slot(s) for as long as it runs (one per "
-            f"source partition{', plus one for the window state' if spec.kind == 'windowed' else ''}); "
-            f"this processor has {slots} for real-time jobs and other real-time jobs hold {held}. Use "
+            f"job {spec.id}: real-time mode holds {need.count} task slot(s) for as long as it runs (one "
+            f"per source partition{', plus one for the window state' if spec.kind == 'windowed' else ''}"
+            f"); this processor has {total} for real-time jobs and other real-time jobs hold {held}. Use "
             "trigger_mode micro_batch, fewer partitions, or more slots (SF_PROCESSOR_REALTIME_TASK_SLOTS "
             "with a local master, more executor cores with a cluster)"
         )
-    TASK_SLOTS_HELD.set(held + needed)
+    if need.pool == REALTIME:
+        TASK_SLOTS_HELD.set(held + need.count)
+    return need

@@ -42,7 +42,7 @@ from services.processor.jobs.table import HostedJob, JobTable, JobView
 from services.processor.jobs.versions import ROW_VERSIONS
 from services.processor.metrics import JOB_RESTARTS, JobMetricsListener
 from services.processor.settings import ProcessorSettings
-from services.processor.spark.session import realtime_task_slots
+from services.processor.spark.session import task_slots
 from services.processor.state import checkpoints as ckpt
 from services.processor.state.checkpoints import JobCheckpoints
 from services.processor.state.storage import HadoopStorage, StateStorage, is_local, shown, storage_for, to_uri
@@ -51,6 +51,7 @@ from shared.errors import SpecError
 from shared.jobspec import JobSpec
 from shared.jobstate import ACTIVE_STATES, QUARANTINED, JobState
 from shared.kafka import ensure_topics
+from shared.slots import SlotNeed, Slots
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,8 @@ class JobRunner:
         self.ledger = ledger_of(settings, self.storage)
         self.table = JobTable(listener)
         self._command_lock = threading.RLock()  # one start/stop/restart at a time
+        self._pools: Slots | None = None  # read from Spark when first needed
+        self._needs: dict[str, SlotNeed] = {}  # per job, the slots it took when its query started
         # Called before each start, outside the lock: an idle processor's warm-up gives way.
         self.before_start: Callable[[], None] = lambda: None
 
@@ -222,8 +225,7 @@ class JobRunner:
         try:
             topics = [s.valid_topic for s in spec.sources] + [spec.output_topic]
             ensure_topics(self.settings.kafka_bootstrap, topics, self.settings.topic_partitions)
-            if spec.trigger_mode == "real_time":
-                self._check_task_slots(spec)
+            self._check_task_slots(spec)
             if not self.checkpoints(spec.id).is_live(job.epoch):
                 raise CheckpointTakenError(f"job {spec.id}: another processor took its checkpoint over")
             query = start_query(
@@ -257,12 +259,27 @@ class JobRunner:
             self.ledger.put(entry.with_(should_run=False))
 
     def _check_task_slots(self, spec: JobSpec) -> None:
-        others = [
-            j.spec
+        others = [need for job_id, need in self._holding() if job_id != spec.id]
+        self._needs[spec.id] = check_task_slots(spec, others, self.pools, self.settings.kafka_bootstrap)
+
+    def _holding(self) -> Sequence[tuple[str, SlotNeed]]:
+        """The slots of the jobs whose queries run here."""
+        return [
+            (j.spec.id, need)
             for j in self.table.jobs()
-            if j.spec.id != spec.id and j.spec.trigger_mode == "real_time" and j.query is not None
+            if j.query is not None and (need := self._needs.get(j.spec.id)) is not None
         ]
-        check_task_slots(spec, others, realtime_task_slots(self.spark), self.settings.kafka_bootstrap)
+
+    @property
+    def pools(self) -> Slots:
+        """This processor's task slots, none held."""
+        if self._pools is None:
+            self._pools = task_slots(self.spark, self.settings)
+        return self._pools
+
+    def slots(self) -> Slots:
+        """This processor's pools and what its running jobs hold (its heartbeats advertise them)."""
+        return self.pools.holding(need for _, need in self._holding())
 
     def stop(self, job_id: str, savepoint: bool = False, savepoint_dir: str = "") -> JobView:
         with self._command_lock:

@@ -13,6 +13,7 @@ from pyspark.sql import SparkSession
 
 from services.processor.errors import ProcessorError
 from services.processor.settings import ProcessorSettings
+from shared.slots import BATCH_SLOTS_PER_CORE, Slots
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,13 @@ def realtime_task_slots(spark: SparkSession) -> int:
     if local is None:
         return cores
     return local[0] - cores if local[0] > cores else local[0]
+
+
+def task_slots(spark: SparkSession, settings: ProcessorSettings) -> Slots:
+    """The processor's pools (shared/slots.py), nothing held: micro-batch jobs share its cores,
+    real-time jobs hold slots of their own."""
+    batch = settings.batch_task_slots or BATCH_SLOTS_PER_CORE * spark.sparkContext.defaultParallelism
+    return Slots(batch=batch, realtime=realtime_task_slots(spark))
 
 
 def class_archive_options(archive: str) -> str:

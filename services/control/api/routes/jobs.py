@@ -8,7 +8,7 @@ import redis
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 
-from services.control.api.auth import AUTH_RESPONSES, require_read, require_write
+from services.control.api.auth import AUTH_RESPONSES, require_read, require_write, token_owner
 from services.control.api.deps import ManagerDep, RedisDep, SettingsDep
 from services.control.api.schemas import (
     ErrorOut,
@@ -91,6 +91,11 @@ SUBMIT = {
         413: {"model": ErrorOut, "description": "the spec is too large"},
         415: {"model": ErrorOut, "description": "the body is neither JSON nor YAML"},
         422: {"model": ErrorOut, "description": "the spec is invalid, or the processor rejected it"},
+        429: {
+            "model": ErrorOut,
+            "description": "no processor has the job's task slots free (the reason names them), or the "
+            "token is over its jobs or submissions per minute (with Retry-After)",
+        },
     },
 }
 
@@ -109,11 +114,15 @@ async def submit_job(
 ) -> JobOut:
     """Validate the spec, store the job (CREATED) and start it on a live processor (RUNNING).
 
-    With no processor registered the job stays CREATED and starts when one registers. A job id that
-    is still active is refused (409); a final one (FAILED, CANCELED, FINISHED) is replaced.
+    The job goes to the processor with the most task slots free for it; when none has enough it is
+    refused (429) and the running jobs keep theirs. With no processor registered the job stays
+    CREATED and starts when one registers. A job id that is still active is refused (409); a final
+    one (FAILED, CANCELED, FINISHED) is replaced.
     """
     spec = await _read_spec(request, settings.max_spec_bytes)
-    job = await run_in_threadpool(manager.submit, spec, from_savepoint, _wait_s(settings, wait))
+    job = await run_in_threadpool(
+        lambda: manager.submit(spec, from_savepoint, _wait_s(settings, wait), owner=token_owner(request))
+    )
     if job.state == JobState.FAILED:
         raise SpecRejected(job.message)
     return JobOut.of(job)
@@ -188,9 +197,14 @@ def savepoint_job(
     status_code=201,
     response_model=JobOut,
     dependencies=Write,
-    responses={**ERRORS, 422: {"model": ErrorOut, "description": "the processor rejected the job"}},
+    responses={
+        **ERRORS,
+        422: {"model": ErrorOut, "description": "the processor rejected the job"},
+        429: {"model": ErrorOut, "description": "no processor has its task slots free, or the token's share"},
+    },
 )
 def resume_job(
+    request: Request,
     job_id: str,
     manager: ManagerDep,
     settings: SettingsDep,
@@ -216,7 +230,9 @@ def resume_job(
     except SpecError as e:  # the stored spec no longer validates (the spec format moved on)
         raise HTTPException(422, f"the stored spec of {job_id!r} is no longer valid: {e}") from e
     # The job's own savepoint path came from its processor; a path the caller names is checked.
-    job = manager.submit(spec, path, _wait_s(settings, wait), trusted_savepoint=not savepoint)
+    job = manager.submit(
+        spec, path, _wait_s(settings, wait), trusted_savepoint=not savepoint, owner=token_owner(request)
+    )
     if job.state == JobState.FAILED:
         raise SpecRejected(job.message)
     return JobOut.of(job)
