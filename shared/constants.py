@@ -96,11 +96,13 @@ def redis_job_keys_key(job_id: str) -> str:
 # sf:control:leader             STRING  the leader's lease (PX): "<term> <token> <holder JSON>"
 # sf:control:term               STRING  the last leader term (INCR on each election): the fencing token
 # sf:control:alerts             HASH    Alertmanager's alerts: fingerprint -> the alert (JSON)
+# sf:control:outputs            HASH    job id -> its output topic, stored with the job (the sink reads it)
 REDIS_CONTROL_JOBS = f"{REDIS_PREFIX}:control:jobs"
 REDIS_CONTROL_INSTANCES = f"{REDIS_PREFIX}:control:instances"
 REDIS_CONTROL_LEADER = f"{REDIS_PREFIX}:control:leader"
 REDIS_CONTROL_TERM = f"{REDIS_PREFIX}:control:term"
 REDIS_CONTROL_ALERTS = f"{REDIS_PREFIX}:control:alerts"
+REDIS_CONTROL_OUTPUTS = f"{REDIS_PREFIX}:control:outputs"
 # A standby control's refusal names the leader: its API URL in this HTTP header, its Registry address
 # in this gRPC trailing metadata (empty while no replica leads).
 CONTROL_LEADER_HEADER = "SF-Control-Leader"

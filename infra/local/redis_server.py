@@ -41,7 +41,8 @@ DEBIAN_DEFAULT_PORT = 6379
 USERS: dict[str, str] = {
     "default": "~* &* +@all",
     "control": "~sf:* resetchannels +@all -@admin -@dangerous",
-    "sink": "~sf:job:* resetchannels +@all -@admin -@dangerous +function|load",
+    # The sink reads which jobs exist and where they write (sf:control:outputs), and writes nothing there.
+    "sink": "~sf:job:* %R~sf:control:outputs resetchannels +@all -@admin -@dangerous +function|load",
     # A replica's link to its primary: the replication handshake and stream, no key and no channel.
     "replication": "resetkeys resetchannels -@all +psync +replconf +ping",
     # Sentinel's link to every node: what it monitors with (INFO, ROLE, hello channel) and what a

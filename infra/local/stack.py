@@ -264,6 +264,7 @@ def service_env(cfg: StackConfig) -> dict[str, str]:
         "SF_PROCESSOR_SPARK_UI_PORT": str(cfg.spark_ui_port),
         "SF_PROCESSOR_WARMUP_S": str(PROCESSOR_WARMUP_S),
         "SF_PROCESSOR_METRICS_PORT": str(processor_port),
+        "SF_SINK_JOB_SPECS": specs,
         "SF_SINK_METRICS_PORT": str(sink_port),
         "SF_CONTROL_PORT": str(cfg.control_port),
         **(

@@ -71,6 +71,10 @@ class JobManager:
         CONTROL_LEADER.set(1 if term else 0)
         if term:
             self.registry.lead()  # instances heartbeated to the previous leader: give them time
+            try:
+                self.jobs.index_outputs()
+            except ControlError as e:  # Redis away: the sink learns the jobs as they are stored
+                log.warning("could not index the jobs' output topics for the sink: %s", e)
             self.wake()
         else:
             # Connection watches would recheck processors and mark them lost: the leader's work now.

@@ -10,6 +10,7 @@ also watches the leader term and is refused once a newer leader took over.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
@@ -19,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from services.control.errors import JobConflict, NotLeader, StoreUnavailable
 from shared import constants
+from shared.errors import SpecError
 from shared.jobspec import JobSpec, spec_from_json
 from shared.jobstate import JobState
 from shared.redis_client import DurableTransaction, NotReplicated
@@ -253,12 +255,27 @@ class JobStore:
                         pipe.multi()
                         pipe.set(key, job.model_dump_json())
                         pipe.zadd(constants.REDIS_CONTROL_JOBS, {job.id: job.created_at_ms})
+                        # With the job, before any processor is told of it: the sink knows the job
+                        # before its first result can reach it.
+                        pipe.hset(constants.REDIS_CONTROL_OUTPUTS, job.id, job.spec.output_topic)
                         pipe.execute()
                         return job
                     except redis.WatchError:
                         continue
         except NotReplicated as e:
             raise StoreUnavailable(f"job {job.id!r} is not yet on a Redis replica ({e}); try again") from e
+        except redis.RedisError as e:
+            raise StoreUnavailable(f"the job store (Redis) is unavailable: {e}") from e
+
+    def index_outputs(self) -> None:
+        """Store every job's output topic for the sink (jobs stored before the index existed)."""
+        try:
+            jobs = self.list()
+            with self.client.pipeline(transaction=False) as pipe:
+                for job in jobs:
+                    with contextlib.suppress(SpecError):  # a spec the format moved past runs nowhere
+                        pipe.hset(constants.REDIS_CONTROL_OUTPUTS, job.id, job.spec.output_topic)
+                pipe.execute()
         except redis.RedisError as e:
             raise StoreUnavailable(f"the job store (Redis) is unavailable: {e}") from e
 

@@ -31,11 +31,12 @@ from services.sink.deadletters import SERVICE, DeadLetters
 from services.sink.errors import DeadLetterError, SinkError
 from services.sink.fencing import SinkFences
 from services.sink.flush import CacheFlusher
+from services.sink.jobs import KnownJobs
 from services.sink.settings import DLQ_FLUSH_TIMEOUT_S, SHUTDOWN_FLUSH_TIMEOUT_S, SinkSettings
 from services.sink.writer import ResultWriter, parse_update
 from shared import constants
 from shared.fences import epoch_of, fence_of
-from shared.jobspec import JobSpec
+from shared.jobspec import JobSpec, load_job_spec
 from shared.kafka import (
     close_consumer,
     consume_batch,
@@ -81,6 +82,11 @@ class Sink:
         )
         writer = ResultWriter(client, settings.window_ttl_ms)
         self._fences = SinkFences(client)
+        self._known = KnownJobs(client) if settings.known_jobs_only else None
+        # Jobs a processor runs from spec files, without control: known from the same files.
+        self._static_specs = [load_job_spec(p) for p in settings.job_specs]
+        if self._known is not None:
+            self._known.learn(self._static_specs)
         self._flusher = CacheFlusher(
             writer,
             settings.cache_max_bytes_buffering,
@@ -99,7 +105,7 @@ class Sink:
         self._backoff_ms = settings.tuning.redis_retry_initial_backoff_ms
         self.received = self._flusher.received  # updates read per job
         self.written = self._flusher.written  # windows written per job
-        self._topics = sorted(set(settings.topics))
+        self._topics = self._wanted(self._static_specs)
         # Set by apply_streams (gRPC thread), subscribed to by the loop (the consumer's own thread).
         self._wanted_topics: list[str] | None = None
         self._topics_lock = threading.Lock()
@@ -143,18 +149,24 @@ class Sink:
         Called by control (gRPC thread): the topics are created here, the loop subscribes on its next
         turn (the rebalance that follows writes and commits what was read, as any rebalance does).
         """
-        wanted = sorted(
-            set(self.settings.topics) | {spec.output_topic for spec in specs if spec.kind == "windowed"}
-        )
+        wanted = self._wanted(specs)
         try:
             self._ensure_topics(wanted)
         except KafkaException as e:
             raise SinkError(f"cannot create the topics {wanted}: {e}") from e
+        if self._known is not None:
+            self._known.learn(specs)
         with self._topics_lock:
             self._wanted_topics = wanted if wanted != self._topics else None
         if wanted != self._topics:
             log.info("control applied jobs: now sinking %s", ", ".join(wanted))
         return wanted
+
+    def _wanted(self, specs: list[JobSpec]) -> list[str]:
+        """The configured topics and the output topics of the windowed jobs among ``specs`` and the
+        spec files."""
+        jobs = [*self._static_specs, *specs]
+        return sorted(set(self.settings.topics) | {s.output_topic for s in jobs if s.kind == "windowed"})
 
     def _ensure_topics(self, topics: list[str]) -> None:
         s = self.settings
@@ -273,12 +285,14 @@ class Sink:
         return len(records)
 
     def _absorb(self, records: list[Message]) -> set[str]:
-        """Records -> cache (bad ones and fenced-off ones -> dead-letter topic); returns the jobs they
-        were about.
+        """Records -> cache (bad ones, those of jobs control does not know or from another topic, and
+        fenced-off ones -> dead-letter topic); returns the jobs they were about.
 
         Raises redis.RedisError when the fences could not be read or a new one stored: the records
         from there on are not taken, and their partitions are sought back to read them again."""
         per_job: Counter[str] = Counter()
+        if self._known is not None:
+            self._known.new_batch()
         for i, msg in enumerate(records):
             topic, partition, offset = coordinates(msg)
             headers = msg.headers()  # a consumed record's headers are a list (or None)
@@ -311,6 +325,17 @@ class Sink:
             except ValueError as e:  # MalformedResult, or a value parse_update refuses
                 self._dead_letters.unreadable(msg, type(e).__name__, str(e))
                 continue
+            if self._known is not None:
+                try:
+                    refusal = self._known.refusal(result.job_id, topic)
+                except redis.RedisError:
+                    # Its position was taken above; read it again with the rest.
+                    self._positions[(topic, partition)] = offset
+                    self._seek_back(records[i:])
+                    raise
+                if refusal is not None:
+                    self._dead_letters.not_admitted(msg, result.job_id, *refusal)
+                    continue
             epoch = epoch_of(result.version)
             stale = self._fences.stale_by((topic, partition), result.job_id, epoch, offset)
             if stale is not None:

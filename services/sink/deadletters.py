@@ -1,5 +1,5 @@
-"""The sink's dead letters: records it cannot read, fenced updates and updates Redis refused, each to
-``<topic>.dlq``.
+"""The sink's dead letters: records it cannot read, results of jobs control does not know (or from
+another topic), fenced updates and updates Redis refused, each to ``<topic>.dlq``.
 
 A dead letter must be in Kafka before the offset of its record is committed: ``flush`` says how many
 are not delivered yet, and ``check`` raises once a delivery failed.
@@ -51,6 +51,15 @@ class DeadLetters:
         self._produce(topic, msg.key(), msg.value(), headers)
         DLQ_EVENTS.labels(SERVICE, job_id, STALE_EPOCH).inc()
         log.warning("stale update at %s[%d]@%d: %s", topic, partition, offset, reason)
+
+    def not_admitted(self, msg: Message, job_id: str, error_class: str, reason: str) -> None:
+        """A result of a job control does not know, or read from a topic its job does not write to."""
+        topic, partition, offset = coordinates(msg)
+        headers = dead_letter_headers_of(msg, error_class, reason, SERVICE)
+        self._produce(topic, msg.key(), msg.value(), headers)
+        # An unknown job's id is whatever the writer chose: it does not become a metric label.
+        DLQ_EVENTS.labels(SERVICE, "unknown", error_class).inc()
+        log.warning("result at %s[%d]@%d not written: %s", topic, partition, offset, reason)
 
     def refused(self, entry: CacheEntry, error: str) -> None:
         """An update Redis refused (e.g. its key holds another type): parked, never retried forever."""

@@ -61,6 +61,16 @@ class SinkSettings(BaseServiceSettings):
         description="window result topics always read; control adds the output topics of running "
         "windowed jobs",
     )
+    job_specs: list[str] = Field(
+        default_factory=list,
+        description="job spec files of jobs a processor runs without control (its `SF_PROCESSOR_JOB_SPECS`): "
+        "the sink reads their output topics and writes their results",
+    )
+    known_jobs_only: bool = Field(
+        True,
+        description="write the results only of jobs control stored or `job_specs` names, read from their "
+        "own output topic; others go to the dead-letter topic with the reason. false: any job's",
+    )
     window_ttl_ms: int = Field(
         0,
         ge=0,

@@ -69,6 +69,7 @@ def drain(bootstrap: str, redis_url: str, topic: str, job: str, n: int, cache_by
         kafka_bootstrap=bootstrap,
         redis_url=redis_url,
         topics=[topic],
+        known_jobs_only=False,  # rows of a made-up job
         cache_max_bytes_buffering=cache_bytes,
         tuning_overrides={"group_id": f"bench-{uuid.uuid4().hex[:8]}"},
     )

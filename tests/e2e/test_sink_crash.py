@@ -60,6 +60,7 @@ def sink_process(
     ensure_topics(kafka_bootstrap, [topic], partitions=2)
     env = {
         "SF_SINK_TOPICS": json.dumps([topic]),
+        "SF_SINK_KNOWN_JOBS_ONLY": "false",  # rows of a made-up job
         # Long enough that updates likely sit in the cache when the sink is killed in step 4.
         "SF_SINK_COMMIT_INTERVAL_MS": "2000",
         "SF_SINK_CACHE_MAX_BYTES_BUFFERING": "100000",

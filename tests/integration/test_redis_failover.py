@@ -142,6 +142,7 @@ def sink_settings(
     return SinkSettings(
         kafka_bootstrap=bootstrap,
         topics=[topic],
+        known_jobs_only=False,  # rows of made-up jobs
         commit_interval_ms=50,
         tuning_overrides={
             "group_id": group_id,

@@ -147,7 +147,7 @@ def sink_settings(
         redis_url=redis_url,
         topics=[topic],
         tuning_overrides={"group_id": group, "batch_max_wait_ms": 100, **(tuning or {})},
-        **overrides,
+        **{"known_jobs_only": False, **overrides},  # rows of made-up jobs (test_sink_jobs.py: known ones)
     )
 
 

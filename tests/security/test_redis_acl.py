@@ -26,6 +26,10 @@ def test_each_service_user_reaches_only_its_keys(redis_url: str, stack_cfg: Stac
     sink.hset(f"sf:job:{unique}:win:a:0", "version", 1)  # results: the sink's
     with pytest.raises(redis.exceptions.NoPermissionError):
         sink.set(f"sf:control:job:{unique}", "{}")  # the job store is control's
+    control.hset("sf:control:outputs", unique, "aggregates")  # the jobs control knows, for the sink
+    assert sink.hget("sf:control:outputs", unique) == b"aggregates"
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        sink.hset("sf:control:outputs", unique, "forged")  # read, never written
     with pytest.raises(redis.exceptions.NoPermissionError):
         sink.config_get("*")  # admin commands: the default user's only
     with pytest.raises(redis.exceptions.NoPermissionError):
