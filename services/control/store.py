@@ -10,7 +10,6 @@ also watches the leader term and is refused once a newer leader took over.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
@@ -238,6 +237,7 @@ class JobStore:
         With ``wait_replicas`` it returns once that many replicas have the job too; StoreUnavailable
         when they did not acknowledge it in time (the primary may still hold it)."""
         key = constants.redis_control_job_key(job.id)
+        output = output_topic(job)
         try:
             with DurableTransaction(self.client, self.wait_replicas, self.wait_timeout_ms) as pipe:
                 while True:
@@ -257,7 +257,8 @@ class JobStore:
                         pipe.zadd(constants.REDIS_CONTROL_JOBS, {job.id: job.created_at_ms})
                         # With the job, before any processor is told of it: the sink knows the job
                         # before its first result can reach it.
-                        pipe.hset(constants.REDIS_CONTROL_OUTPUTS, job.id, job.spec.output_topic)
+                        if output is not None:
+                            pipe.hset(constants.REDIS_CONTROL_OUTPUTS, job.id, output)
                         pipe.execute()
                         return job
                     except redis.WatchError:
@@ -270,11 +271,10 @@ class JobStore:
     def index_outputs(self) -> None:
         """Store every job's output topic for the sink (jobs stored before the index existed)."""
         try:
-            jobs = self.list()
+            outputs = [(job.id, output) for job in self.list() if (output := output_topic(job)) is not None]
             with self.client.pipeline(transaction=False) as pipe:
-                for job in jobs:
-                    with contextlib.suppress(SpecError):  # a spec the format moved past runs nowhere
-                        pipe.hset(constants.REDIS_CONTROL_OUTPUTS, job.id, job.spec.output_topic)
+                for job_id, output in outputs:
+                    pipe.hset(constants.REDIS_CONTROL_OUTPUTS, job_id, output)
                 pipe.execute()
         except redis.RedisError as e:
             raise StoreUnavailable(f"the job store (Redis) is unavailable: {e}") from e
@@ -363,6 +363,14 @@ class InstanceStore:
             pipe.srem(constants.REDIS_CONTROL_INSTANCES, instance_id)
 
         self._write(instance_id, write)
+
+
+def output_topic(job: JobRecord) -> str | None:
+    """Where the job writes; None for a spec the format has moved past (it runs nowhere)."""
+    try:
+        return job.spec.output_topic
+    except SpecError:
+        return None
 
 
 def _text(value: bytes | str) -> str:

@@ -92,6 +92,9 @@ class FakeInstance:
     def jobs(self) -> list[pb.JobStatus]:
         return []
 
+    def task_slots(self) -> pb.TaskSlots | None:
+        return None
+
     def start(self) -> FakeInstance:
         self.server.start()
         self.health.set("", health_pb2.HealthCheckResponse.SERVING)
@@ -106,6 +109,7 @@ class FakeInstance:
             grpc_port=self.port,
             instance_id=self.instance_id,
             jobs=self.jobs if self.service == "processor" else None,
+            slots=self.task_slots if self.task_slots() is not None else None,  # type: ignore[arg-type]
         ).start()
         wait_until(self.registration.registered.is_set, what=f"{self.instance_id} to register")
 
@@ -145,8 +149,16 @@ class FakeProcessor(FakeInstance, pb_grpc.JobCommandsServicer, pb_grpc.StreamCon
         self.restarting: dict[str, str] = {}  # job -> message: reported FAILING (restarting itself)
         self.batch_id = 0
         self.applied: list[list[str]] = []
+        self.slots: pb.TaskSlots | None = None  # advertised (held: what it runs, at one slot a job)
         self._lock = threading.Lock()
         super().__init__(control_target, instance_id)
+
+    def task_slots(self) -> pb.TaskSlots | None:
+        if self.slots is None:
+            return None
+        with self._lock:
+            held = len(self.running)
+        return pb.TaskSlots(batch=self.slots.batch, realtime=self.slots.realtime, batch_held=held)
 
     def add_servicers(self) -> None:
         pb_grpc.add_JobCommandsServicer_to_server(self, self.server)
