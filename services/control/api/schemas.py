@@ -90,6 +90,11 @@ class InstanceOut(BaseModel):
     heartbeat_age_ms: int
     load: dict[str, float]
     jobs: list[str] = Field(description="jobs a processor reports running")
+    slots: dict[str, int] = Field(
+        default_factory=dict,
+        description="a processor's task slots: `batch` and `realtime`, and what its jobs hold of each "
+        "(`batch_held`, `realtime_held`)",
+    )
     streams_error: str = Field(description="why the last ApplyStreams to this ingest/sink failed")
 
     @classmethod
