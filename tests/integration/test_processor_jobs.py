@@ -44,6 +44,7 @@ from services.processor.warmup.startup import Warmed, records_read, warm_up
 from services.processor.warmup.synthetic import BACKLOG_PACK_EVENTS
 from services.processor.warmup.topics import TOPIC_PREFIX
 from shared import constants
+from shared.errors import SpecError
 from shared.fences import fence_of
 from shared.grpc_server import HealthServedGrpcServer
 from shared.jobspec import JobSpec, parse_job_spec, with_id
@@ -697,3 +698,35 @@ def test_a_processor_on_a_spark_cluster_maps_its_class_archive_and_waits_for_no_
         master.stop()
     assert "SparkContext from: ['shared objects file (top)']" in lines, lines
     assert "mapped: []" in lines, lines
+
+
+def test_a_micro_batch_job_past_the_processors_slots_is_refused_and_the_running_one_counts_on(
+    spark: SparkSession,  # noqa: F811
+    kafka_bootstrap: str,
+    tmp_path: Path,
+    unique: str,
+) -> None:
+    """The processor's own check, behind control's placement: a start never takes slots held."""
+    settings = ProcessorSettings(kafka_bootstrap=kafka_bootstrap, data_dir=str(tmp_path), batch_task_slots=3)
+    manager = JobRunner(spark, settings, JobMetricsListener(None))
+    first = parse_job_spec(spec_json(f"{unique}-a", f"{unique}-a", parallelism=2))
+    second = parse_job_spec(spec_json(f"{unique}-b", f"{unique}-b", parallelism=2))
+    try:
+        manager.start(first)
+        slots = manager.slots()
+        assert (slots.batch, slots.batch_held) == (3, 2)
+        with pytest.raises(
+            SpecError, match=r"reserves 2 task slot\(s\) .* has 3 for micro-batch jobs and other jobs hold 2"
+        ):
+            manager.start(second)
+        assert manager.query(second.id) is None
+        rows = events("home", BASE, 50)
+        send(kafka_bootstrap, first.source.topic, rows)
+        catch_up(manager, first.id)
+        assert counts(newest(kafka_bootstrap, first.output_topic, first.id)) == oracle_window_counts(
+            rows, 10_000
+        )
+        manager.stop(first.id)
+        assert manager.slots().batch_held == 0  # its slots are free again
+    finally:
+        manager.shutdown()
