@@ -25,6 +25,7 @@ from services.control.results import read_results
 from services.sink.cache import CacheEntry, RecordCache, entry_size
 from services.sink.consumer import Sink
 from services.sink.settings import SinkSettings
+from shared import constants
 from shared.kafka import ensure_topics
 from shared.records import WindowResult
 from tests.integration.test_sink import produce_updates
@@ -69,13 +70,13 @@ def drain(bootstrap: str, redis_url: str, topic: str, job: str, n: int, cache_by
         kafka_bootstrap=bootstrap,
         redis_url=redis_url,
         topics=[topic],
-        known_jobs_only=False,  # rows of a made-up job
         cache_max_bytes_buffering=cache_bytes,
         tuning_overrides={"group_id": f"bench-{uuid.uuid4().hex[:8]}"},
     )
+    client = redis.Redis.from_url(redis_url)
+    client.hset(constants.REDIS_CONTROL_OUTPUTS, job, topic)  # as control stores a job it was given
     sink = Sink(settings)
     sink.start()
-    client = redis.Redis.from_url(redis_url)
     try:
         while sink.run_once() == 0:  # group join, first fetch
             pass
