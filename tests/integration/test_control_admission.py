@@ -76,6 +76,8 @@ def test_a_job_goes_to_the_processor_with_the_most_slots_free_for_it(
     assert second.status_code == 201, second.text
     assert second.json()["processor"] == "p-small"
     assert set(large.running) == {"first"} and set(small.running) == {"second"}
+    slots = api.get("/cluster/metrics", headers=auth()).json()["task_slots"]
+    assert slots["batch"] == {"total": 10, "free": 5} and slots["realtime"] == {"total": 0, "free": 0}
 
 
 def test_a_job_no_processor_has_the_slots_for_is_refused_naming_them_and_the_running_ones_go_on(

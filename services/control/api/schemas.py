@@ -115,6 +115,10 @@ class ClusterMetricsOut(BaseModel):
     records_per_second: float = Field(description="sum of the live instances' reported rates")
     input_rows_per_second: float = Field(description="sum over running jobs")
     processed_rows_per_second: float = Field(description="sum over running jobs")
+    task_slots: dict[str, dict[str, int]] = Field(
+        default_factory=dict,
+        description="per pool (`batch`, `realtime`): the live processors' task slots, `total` and `free`",
+    )
     state_rows: int
     state_memory_bytes: int
     rss_bytes: int = Field(description="resident memory of the live instances")
