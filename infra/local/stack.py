@@ -374,7 +374,7 @@ def start_standby_processor(cfg: StackConfig, *, wait: bool = True) -> int:
     learns of it, where a restarted processor would first have to start Spark. It keeps its own
     job ledger but shares the state root (a takeover renames the job's checkpoint to a new epoch, so
     two copies of a job never write one), and runs only what control places on it; control places
-    new jobs on the less loaded of the two."""
+    each new job on the one with more task slots free for it."""
     pid = start_service(cfg, "processor", standby_env(cfg), process=STANDBY_PROCESSOR)
     if wait:
         wait_process_ready(cfg, STANDBY_PROCESSOR, standby_metrics_url(cfg))

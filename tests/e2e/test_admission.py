@@ -2,7 +2,8 @@
 
 The processor advertises 3 micro-batch task slots. 24 jobs submitted at once: 3 are placed and run,
 the other 21 are refused (429) naming the slots they need and the ones free, never stored or started.
-The 3 that run count their streams exactly (infra.demo.datagen's plain-Python oracle).
+The 3 that run count their streams exactly (infra.demo.datagen's plain-Python oracle). Then a second
+processor with 6 slots: each job goes to the processor with the most slots free for it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,15 @@ import pytest
 
 from infra.demo.datagen import click_events, oracle_window_counts
 from infra.local import procs
-from infra.local.stack import StackConfig, start_service, wait_service_ready
+from infra.local.stack import (
+    STANDBY_PROCESSOR,
+    StackConfig,
+    standby_env,
+    standby_metrics_url,
+    start_service,
+    wait_process_ready,
+    wait_service_ready,
+)
 from shared.kafka import ensure_topics
 from tests.e2e.stack_util import PAGE_VIEWS_SPEC
 from tests.e2e.test_control_failover import (
@@ -70,7 +79,7 @@ def stack(
             for job in http.get("/jobs").json()["jobs"]:
                 if job["state"] not in ("FAILED", "CANCELED", "FINISHED"):
                     http.post(f"/jobs/{job['id']}/cancel")
-        for name in SERVICES:
+        for name in (*SERVICES, STANDBY_PROCESSOR):
             procs.stop_process(name, cfg.run_dir)
         forget_control_state(redis_url)
 
@@ -128,3 +137,42 @@ def test_a_burst_of_submissions_fills_the_slots_and_the_rest_are_refused_while_t
             )
             assert got == expected
             assert status(http, name)["state"] == "RUNNING"
+
+
+def test_each_job_goes_to_the_processor_with_the_most_slots_free_for_it(
+    stack: tuple[StackConfig, str],
+) -> None:
+    cfg, tag = stack
+    with http_client(cfg) as http:
+        for job in http.get("/jobs").json()["jobs"]:  # the burst's jobs, if it ran: 3 free again
+            if job["state"] not in ("FAILED", "CANCELED", "FINISHED"):
+                assert http.post(f"/jobs/{job['id']}/cancel").status_code == 200
+    env = {**standby_env(cfg), "SF_PROCESSOR_BATCH_TASK_SLOTS": "6", "SF_PROCESSOR_WARMUP_S": "0"}
+    start_service(cfg, "processor", env, process=STANDBY_PROCESSOR)
+    wait_process_ready(cfg, STANDBY_PROCESSOR, standby_metrics_url(cfg), timeout_s=240)
+    with http_client(cfg) as http:
+
+        def pools() -> dict[int, str]:
+            rows = http.get("/services", params={"service": "processor"}).json()["services"]
+            return {r["slots"].get("batch", 0): r["instance_id"] for r in rows if r["health"] == "alive"}
+
+        by_slots = wait_for(
+            "both processors' slots", lambda: (p := pools()).keys() == {SLOTS, 6} and p, 120, cfg
+        )
+        small, large = by_slots[SLOTS], by_slots[6]
+        # Free (small, large): (3, 6) -> large; (3, 4) -> large; (3, 1) -> small.
+        wanted = [("a", 2, large), ("b", 3, large), ("c", 2, small)]
+        names = [f"place-{job}-{tag}" for job, _, _ in wanted]
+        ensure_topics(cfg.bootstrap, names, partitions=1)
+        for name, (_, parallelism, where) in zip(names, wanted, strict=True):
+            text = PAGE_VIEWS_SPEC.format(name=name) + f"parallelism: {parallelism}\n"
+            answer = http.post(
+                "/jobs", content=text, headers={"Content-Type": "application/yaml"}, params={"wait": "false"}
+            )
+            assert answer.status_code == 201, answer.text
+            assert answer.json()["processor"] == where, (name, answer.json())
+        for name, (_, _, where) in zip(names, wanted, strict=True):
+            running = wait_for(
+                f"{name} RUNNING", lambda n=name: (s := status(http, n))["state"] == "RUNNING" and s, 240, cfg
+            )
+            assert running["processor"] == where
