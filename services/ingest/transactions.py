@@ -42,7 +42,7 @@ class Transactions:
         self._delivery_errors: list[KafkaError] = []  # of the current transaction (failures only)
         self.producer = Producer(
             {
-                "bootstrap.servers": settings.kafka_bootstrap,
+                **settings.kafka.config(),
                 "transactional.id": f"sf-ingest-{settings.instance_id}",
                 "transaction.timeout.ms": settings.tuning.transaction_timeout_ms,
                 "enable.idempotence": True,

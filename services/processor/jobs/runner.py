@@ -135,7 +135,7 @@ class JobRunner:
             return build_plan(
                 self.spark,
                 spec,
-                self.settings.kafka_bootstrap,
+                self.settings.kafka,
                 self.settings.tuning.max_offsets_per_trigger,
                 versions,
                 task_records=self.settings.tuning.max_records_per_read_task,
@@ -215,13 +215,13 @@ class JobRunner:
         fenced off for the sink; other jobs' outputs are read by users, who get no fence records."""
         log.info("job %s: took its checkpoint over in epoch %d", spec.id, epoch)
         if spec.kind == "windowed":
-            publish_fence(self.settings.kafka_bootstrap, spec.output_topic, spec.id, epoch)
+            publish_fence(self.settings.kafka, spec.output_topic, spec.id, epoch)
 
     def _run(self, job: HostedJob, plan: Plan | None = None) -> None:
         spec = job.spec
         try:
             topics = [s.valid_topic for s in spec.sources] + [spec.output_topic]
-            ensure_topics(self.settings.kafka_bootstrap, topics, self.settings.topic_partitions)
+            ensure_topics(self.settings.kafka, topics, self.settings.topic_partitions)
             if spec.trigger_mode == "real_time":
                 self._check_task_slots(spec)
             if not self.checkpoints(spec.id).is_live(job.epoch):
@@ -229,7 +229,7 @@ class JobRunner:
             query = start_query(
                 self.spark,
                 spec,
-                self.settings.kafka_bootstrap,
+                self.settings.kafka,
                 self.checkpoints(spec.id).epoch_dir(job.epoch),
                 self.settings.tuning.max_offsets_per_trigger,
                 epoch=job.epoch,
@@ -262,7 +262,7 @@ class JobRunner:
             for j in self.table.jobs()
             if j.spec.id != spec.id and j.spec.trigger_mode == "real_time" and j.query is not None
         ]
-        check_task_slots(spec, others, realtime_task_slots(self.spark), self.settings.kafka_bootstrap)
+        check_task_slots(spec, others, realtime_task_slots(self.spark), self.settings.kafka)
 
     def stop(self, job_id: str, savepoint: bool = False, savepoint_dir: str = "") -> JobView:
         with self._command_lock:

@@ -1,0 +1,139 @@
+"""Who may do what on Kafka: one principal per service, and the ACLs that bind them to topics.
+
+Raw topic names are the users' own, so no prefix covers a stream's family of topics. The platform's
+grants are therefore literal: control (or the operator tools, for spec files) creates a job's topics
+and grants each service exactly its part of them when the job is registered. The grants that do not
+depend on a job (consumer groups, transactional ids, the processors' warm-up topics, control's
+administration) come from ``standing_bindings`` when the broker is set up.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import (
+    AclBinding,
+    AclBindingFilter,
+    AclOperation,
+    AclPermissionType,
+    ResourcePatternType,
+    ResourceType,
+)
+
+from shared import constants
+from shared.jobspec import JobSpec
+from shared.kafka import KafkaAccess, admin, ensure_topics
+
+log = logging.getLogger(__name__)
+
+# The principals (SCRAM users). ADMIN is the brokers' own and the only super user.
+ADMIN = "admin"
+INGEST = "ingest"
+PROCESSOR = "processor"
+SINK = "sink"
+CONTROL = "control"
+PRODUCER = "producer"  # users' producers: write raw topics
+READER = "reader"  # users' consumers: read anything, write nothing
+SERVICE_USERS = (INGEST, PROCESSOR, SINK, CONTROL)
+USERS = (ADMIN, *SERVICE_USERS, PRODUCER, READER)
+
+INGEST_GROUP = "sf-ingest"
+SINK_GROUP = "sf-sink"
+INGEST_TRANSACTIONS = "sf-ingest-"  # prefix: one transactional id per replica
+SPARK_GROUPS = "spark-kafka-source"  # prefix of the groups Spark's Kafka source reads with
+WARMUP_TOPICS = "_sf-warmup-"  # prefix: a processor's warm-up makes and drops these
+PRODUCER_PREFIX = "sf-producer-"  # users minted by control for one stream each
+
+_Op = AclOperation
+_Res = ResourceType
+
+
+def _allow(
+    user: str, kind: ResourceType, name: str, ops: Iterable[AclOperation], prefixed: bool = False
+) -> list[AclBinding]:
+    pattern = ResourcePatternType.PREFIXED if prefixed else ResourcePatternType.LITERAL
+    return [AclBinding(kind, name, pattern, f"User:{user}", "*", op, AclPermissionType.ALLOW) for op in ops]
+
+
+def standing_bindings() -> list[AclBinding]:
+    """The grants no job adds: groups, transactional ids, warm-up topics, administration, reading."""
+    return [
+        *_allow(INGEST, _Res.GROUP, INGEST_GROUP, [_Op.READ, _Op.DESCRIBE]),
+        *_allow(INGEST, _Res.TRANSACTIONAL_ID, INGEST_TRANSACTIONS, [_Op.WRITE, _Op.DESCRIBE], prefixed=True),
+        *_allow(PROCESSOR, _Res.GROUP, SPARK_GROUPS, [_Op.READ], prefixed=True),
+        *_allow(PROCESSOR, _Res.TOPIC, WARMUP_TOPICS, [_Op.ALL], prefixed=True),
+        *_allow(SINK, _Res.GROUP, SINK_GROUP, [_Op.READ, _Op.DESCRIBE]),
+        # Control creates and deletes topics, grants ACLs and mints producer credentials.
+        *_allow(
+            CONTROL,
+            _Res.TOPIC,
+            "*",
+            [_Op.CREATE, _Op.DELETE, _Op.DESCRIBE, _Op.DESCRIBE_CONFIGS, _Op.ALTER_CONFIGS],
+        ),
+        # librdkafka's BROKER is Kafka's CLUSTER resource (type 4), always named kafka-cluster.
+        *_allow(CONTROL, _Res.BROKER, "kafka-cluster", [_Op.ALTER, _Op.DESCRIBE]),
+        *_allow(READER, _Res.TOPIC, "*", [_Op.READ, _Op.DESCRIBE]),
+        *_allow(READER, _Res.GROUP, "*", [_Op.READ]),
+    ]
+
+
+def job_topics(spec: JobSpec) -> list[str]:
+    """Every topic a job reads or writes: each source's family, its output and the output's dead letters."""
+    family = [t for s in spec.sources for t in (s.topic, s.valid_topic, s.dlq_topic, s.late_topic)]
+    return [*family, spec.output_topic, constants.dlq_topic(spec.output_topic)]
+
+
+def job_bindings(spec: JobSpec) -> list[AclBinding]:
+    """What a job needs of each service: ingest reads its raw topics and writes their valid, dead-letter
+    and late topics; the processor reads the valid ones and writes the output; the sink reads the
+    output and writes its dead letters; the shared producer writes the raw topics."""
+    out: list[AclBinding] = []
+    for s in spec.sources:
+        out += _allow(INGEST, _Res.TOPIC, s.topic, [_Op.READ])
+        out += _allow(PRODUCER, _Res.TOPIC, s.topic, [_Op.WRITE])
+        for derived in (s.valid_topic, s.dlq_topic, s.late_topic):
+            out += _allow(INGEST, _Res.TOPIC, derived, [_Op.WRITE, _Op.DESCRIBE_CONFIGS])
+        out += _allow(PROCESSOR, _Res.TOPIC, s.valid_topic, [_Op.READ])
+    out += _allow(PROCESSOR, _Res.TOPIC, spec.output_topic, [_Op.WRITE])
+    out += _allow(SINK, _Res.TOPIC, spec.output_topic, [_Op.READ])
+    out += _allow(SINK, _Res.TOPIC, constants.dlq_topic(spec.output_topic), [_Op.WRITE])
+    return out
+
+
+def producer_bindings(user: str, raw_topic: str) -> list[AclBinding]:
+    """A minted producer's one grant: write one stream's raw topic."""
+    return _allow(user, _Res.TOPIC, raw_topic, [_Op.WRITE])
+
+
+def grant(kafka: KafkaAccess, bindings: list[AclBinding], timeout_s: float = 30.0) -> None:
+    """Create ``bindings`` (creating one that exists is a no-op on the broker)."""
+    if not bindings:
+        return
+    client = admin(kafka)  # held until the futures are done: its handle answers them
+    for binding, fut in client.create_acls(bindings, request_timeout=timeout_s).items():
+        try:
+            fut.result()
+        except KafkaException as e:
+            raise KafkaException(f"granting {binding}: {e}") from e
+
+
+def revoke_user(kafka: KafkaAccess, user: str, timeout_s: float = 30.0) -> None:
+    """Delete every ACL that names ``user``."""
+    anything: Any = None  # a filter's None matches every name and host (the stubs say str)
+    any_of = AclBindingFilter(
+        _Res.ANY, anything, ResourcePatternType.ANY, f"User:{user}", anything, _Op.ANY, AclPermissionType.ANY
+    )
+    client = admin(kafka)
+    for fut in client.delete_acls([any_of], request_timeout=timeout_s).values():
+        fut.result()
+
+
+def provision_job(kafka: KafkaAccess, spec: JobSpec, partitions: int) -> None:
+    """Create a job's topics and, on a broker with authentication, grant each service its part."""
+    ensure_topics(kafka, job_topics(spec), partitions)
+    if kafka.sasl:
+        grant(kafka, job_bindings(spec))
+        log.info("job %s: granted its topics to %s", spec.id, ", ".join((INGEST, PROCESSOR, SINK, PRODUCER)))
