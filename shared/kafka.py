@@ -27,7 +27,7 @@ SASL_MECHANISM = "SCRAM-SHA-512"
 class KafkaAccess:
     """Where Kafka is and who a client is there: every client config starts from ``config()`` (librdkafka)
     or ``spark_options()`` (Spark's Kafka source and sink). The password stays in its file until a
-    client is built, so an access logs as its bootstrap and principal only."""
+    client is built, so an access logs as its bootstrap only."""
 
     bootstrap: str
     protocol: SecurityProtocol = "PLAINTEXT"
@@ -36,7 +36,7 @@ class KafkaAccess:
     ca_file: str = ""
 
     def __str__(self) -> str:
-        return f"{self.bootstrap} as {self.username}" if self.sasl else self.bootstrap
+        return self.bootstrap
 
     @property
     def sasl(self) -> bool:
@@ -82,6 +82,16 @@ def scram_jaas(username: str, password: str) -> str:
         "org.apache.kafka.common.security.scram.ScramLoginModule required "
         f'username="{username}" password="{password}";'
     )
+
+
+def read_properties(path: str | Path) -> dict[str, str]:
+    """A client properties file (``key=value`` a line, ``#`` comments) as a librdkafka config."""
+    conf: dict[str, str] = {}
+    for line in Path(path).read_text().splitlines():
+        key, sep, value = line.strip().partition("=")
+        if sep and not key.startswith("#"):
+            conf[key.strip()] = value.strip()
+    return conf
 
 
 def as_access(kafka: KafkaAccess | str) -> KafkaAccess:

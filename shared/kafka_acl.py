@@ -10,6 +10,8 @@ administration) come from ``standing_bindings`` when the broker is set up.
 from __future__ import annotations
 
 import logging
+import re
+import secrets
 from collections.abc import Iterable
 from typing import Any
 
@@ -21,6 +23,10 @@ from confluent_kafka.admin import (
     AclPermissionType,
     ResourcePatternType,
     ResourceType,
+    ScramCredentialInfo,
+    ScramMechanism,
+    UserScramCredentialDeletion,
+    UserScramCredentialUpsertion,
 )
 
 from shared import constants
@@ -137,3 +143,34 @@ def provision_job(kafka: KafkaAccess, spec: JobSpec, partitions: int) -> None:
     if kafka.sasl:
         grant(kafka, job_bindings(spec))
         log.info("job %s: granted its topics to %s", spec.id, ", ".join((INGEST, PROCESSOR, SINK, PRODUCER)))
+
+
+SCRAM_ITERATIONS = 4096
+# A minted user's name: the prefix, then random hex; nothing else is ever revoked through the API.
+_MINTED = re.compile(rf"^{re.escape(PRODUCER_PREFIX)}[0-9a-f]{{12}}$")
+
+
+def is_minted(user: str) -> bool:
+    return _MINTED.match(user) is not None
+
+
+def mint_producer(kafka: KafkaAccess, raw_topic: str, timeout_s: float = 30.0) -> tuple[str, str]:
+    """A new SCRAM user that may write ``raw_topic`` and nothing else; returns (user, password)."""
+    user, password = f"{PRODUCER_PREFIX}{secrets.token_hex(6)}", secrets.token_urlsafe(24)
+    info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, SCRAM_ITERATIONS)
+    client = admin(kafka)
+    upsert = UserScramCredentialUpsertion(user, info, password.encode())
+    for fut in client.alter_user_scram_credentials([upsert], request_timeout=timeout_s).values():
+        fut.result()
+    grant(kafka, producer_bindings(user, raw_topic), timeout_s)
+    return user, password
+
+
+def revoke_producer(kafka: KafkaAccess, user: str, timeout_s: float = 30.0) -> None:
+    """Delete a minted user's credential and its grants: its connections fail from the next login,
+    its writes at once (no ACL is left to allow them)."""
+    revoke_user(kafka, user, timeout_s)
+    client = admin(kafka)
+    deletion = UserScramCredentialDeletion(user, ScramMechanism.SCRAM_SHA_512)
+    for fut in client.alter_user_scram_credentials([deletion], request_timeout=timeout_s).values():
+        fut.result()

@@ -3,7 +3,6 @@
 Layout under run_dir:
   kafka-auth/users.json          every user's password (0600), generated on first use
   kafka-auth/<user>.password     one user's password (0600): what SF_KAFKA_SASL_PASSWORD_FILE names
-  kafka-auth/client-<user>.properties  a librdkafka client config for that user (0600)
 
 Client listeners take SASL/SCRAM-SHA-512; the users exist from the first start because the storage is
 formatted with them (``kafka-storage format --add-scram``, KIP-900). The controller listener takes
@@ -93,9 +92,10 @@ class KafkaAuth:
         grant(self.access(bootstrap), bindings)
         return bindings
 
-    def client_properties(self, bootstrap: str, user: str) -> Path:
-        """A librdkafka config file for ``user`` (one ``key=value`` a line), 0600 as it holds the password."""
+    def client_properties(self, bootstrap: str, user: str, directory: Path) -> Path:
+        """``directory``/client-<user>.properties: a librdkafka config for ``user`` (one ``key=value``
+        a line), 0600 as it holds the password."""
         conf = self.access(bootstrap, user).config()
-        path = self.dir / f"client-{user}.properties"
+        path = directory / f"client-{user}.properties"
         write_private(path, "".join(f"{k}={v}\n" for k, v in conf.items()))
         return path

@@ -234,7 +234,7 @@ class KafkaBroker:
                     f"{state['controller_port']}, not {self.controller_port}; use that port or delete "
                     f"{self.home} to start with an empty broker"
                 )
-            if bool((state or {}).get("authenticated")) != (self.auth is not None):
+            if state is not None and bool(state.get("authenticated")) != (self.auth is not None):
                 raise InfraError(
                     f"Kafka data in {self.data_dir} was formatted "
                     f"{'with' if self.auth is None else 'without'} authentication; delete {self.home} "

@@ -18,9 +18,18 @@ import threading
 from concurrent.futures import Future
 from typing import Any
 
+from confluent_kafka import KafkaException
+
 from services.control.context import ControlContext
 from services.control.dispatch import Dispatcher, active_specs, specs_digest, wait
-from services.control.errors import ControlError, JobConflict, JobNotFound, PathRefused, SpecRejected
+from services.control.errors import (
+    ControlError,
+    JobConflict,
+    JobNotFound,
+    KafkaUnavailable,
+    PathRefused,
+    SpecRejected,
+)
 from services.control.leader import LeaderElection
 from services.control.metrics import CONTROL_INSTANCES, CONTROL_JOBS, CONTROL_LEADER
 from services.control.peers import Peers
@@ -33,6 +42,7 @@ from shared.allowed_paths import refusal, under_roots
 from shared.clock import Clock, wall_clock_ms
 from shared.jobspec import JobSpec, spec_from_json
 from shared.jobstate import ACTIVE_STATES, JobState
+from shared.kafka_acl import provision_job
 
 log = logging.getLogger(__name__)
 
@@ -131,10 +141,18 @@ class JobManager:
                 "processors' own warm-up job; pick another id"
             )
         self.check_output_topic(spec)
+        self.provision(spec)
         self.transitions.create(spec, from_savepoint)
         wait(self.dispatch.start_job(spec.id), wait_s)
         self.wake()  # ingest and the sink get the new stream
         return self.get(spec.id)
+
+    def provision(self, spec: JobSpec) -> None:
+        """The job's topics and each service's grants on them: nobody else creates topics."""
+        try:
+            provision_job(self.settings.kafka, spec, self.settings.topic_partitions)
+        except KafkaException as e:
+            raise KafkaUnavailable(f"cannot set up job {spec.id}'s Kafka topics: {e}") from e
 
     def check_output_topic(self, spec: JobSpec) -> None:
         """A job must not write into another active job's input (it would inject events there)."""
