@@ -138,9 +138,10 @@ def revoke_user(kafka: KafkaAccess, user: str, timeout_s: float = 30.0) -> None:
 
 
 def provision_job(kafka: KafkaAccess, spec: JobSpec, partitions: int) -> None:
-    """Create a job's topics and, on a broker with authentication, grant each service its part."""
-    ensure_topics(kafka, job_topics(spec), partitions)
+    """On a broker with authentication, create a job's topics and grant each service its part. (A
+    broker without lets each service create the topics it uses, as it finds them missing.)"""
     if kafka.sasl:
+        ensure_topics(kafka, job_topics(spec), partitions)
         grant(kafka, job_bindings(spec))
         log.info("job %s: granted its topics to %s", spec.id, ", ".join((INGEST, PROCESSOR, SINK, PRODUCER)))
 

@@ -62,7 +62,7 @@ def kafka_bootstrap(stack_cfg: StackConfig, _fresh_run_dir: None) -> Iterator[st
     b = broker(stack_cfg)
     b.start()
     b.wait_ready()
-    yield stack_cfg.bootstrap
+    yield stack_cfg.kafka
     b.stop()
 
 

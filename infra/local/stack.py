@@ -100,6 +100,11 @@ class StackConfig:
     def kafka_auth(self) -> KafkaAuth | None:
         return KafkaAuth(self.kafka_users_dir or self.run_dir) if self.kafka_authenticated else None
 
+    @property
+    def kafka(self) -> KafkaAccess:
+        """Kafka as ``admin``: what operators, the demo and the tests use."""
+        return self.kafka_access()
+
     def kafka_access(self, user: str = ADMIN) -> KafkaAccess:
         """How ``user`` reaches Kafka (``admin``: operators, the demo, the tests; services get users of
         their own)."""

@@ -35,6 +35,7 @@ from infra.local.stack import (
 from infra.local.stack import zipkin_server as _zipkin_server
 from infra.paths import RUN_DIR
 from shared import constants
+from shared.kafka import client_config
 
 OFFSET = int(os.environ.get("SF_TEST_PORT_OFFSET", "0"))
 _SHIFT = OFFSET + 70
@@ -250,7 +251,7 @@ def fast_producer(bootstrap: str) -> Producer:
     """
     return Producer(
         {
-            "bootstrap.servers": bootstrap,
+            **client_config(bootstrap),
             "linger.ms": 5,
             "batch.size": 1_000_000,
             "queue.buffering.max.messages": 1_000_000,

@@ -121,7 +121,7 @@ def _hdfs_list(cfg: StackConfig, path: str) -> list[str]:
 
 def _submit(cfg: StackConfig, api: Client, name: str) -> None:
     """The page-views job ``name``, submitted to control and running."""
-    ensure_topics(cfg.bootstrap, [name], partitions=1)
+    ensure_topics(cfg.kafka, [name], partitions=1)
     api.submit(PAGE_VIEWS_SPEC.format(name=name), wait=True)
     api.wait_for(name, "RUNNING", timeout_s=180)
 
