@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import re
 import secrets
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -52,6 +53,8 @@ INGEST_TRANSACTIONS = "sf-ingest-"  # prefix: one transactional id per replica
 SPARK_GROUPS = "spark-kafka-source"  # prefix of the groups Spark's Kafka source reads with
 WARMUP_TOPICS = "_sf-warmup-"  # prefix: a processor's warm-up makes and drops these
 PRODUCER_PREFIX = "sf-producer-"  # users minted by control for one stream each
+
+GRANT_POLL_S = 0.05
 
 _Op = AclOperation
 _Res = ResourceType
@@ -115,7 +118,9 @@ def producer_bindings(user: str, raw_topic: str) -> list[AclBinding]:
 
 
 def grant(kafka: KafkaAccess, bindings: list[AclBinding], timeout_s: float = 30.0) -> None:
-    """Create ``bindings`` (creating one that exists is a no-op on the broker)."""
+    """Create ``bindings`` (creating one that exists is a no-op on the broker) and wait until the broker
+    applies them: a client refused a topic once fails its queued records at once, so the services a
+    job is dispatched to next must find their grants in place."""
     if not bindings:
         return
     client = admin(kafka)  # held until the futures are done: its handle answers them
@@ -124,11 +129,20 @@ def grant(kafka: KafkaAccess, bindings: list[AclBinding], timeout_s: float = 30.
             fut.result()
         except KafkaException as e:
             raise KafkaException(f"granting {binding}: {e}") from e
+    anything: Any = None  # a filter's None matches every name, principal and host (the stubs say str)
+    every = AclBindingFilter(
+        _Res.ANY, anything, ResourcePatternType.ANY, anything, anything, _Op.ANY, AclPermissionType.ANY
+    )
+    deadline = time.monotonic() + timeout_s
+    while not set(bindings) <= set(client.describe_acls(every, request_timeout=timeout_s).result()):
+        if time.monotonic() > deadline:
+            raise KafkaException(f"the broker did not apply {len(bindings)} grants within {timeout_s:.0f} s")
+        time.sleep(GRANT_POLL_S)
 
 
 def revoke_user(kafka: KafkaAccess, user: str, timeout_s: float = 30.0) -> None:
     """Delete every ACL that names ``user``."""
-    anything: Any = None  # a filter's None matches every name and host (the stubs say str)
+    anything: Any = None
     any_of = AclBindingFilter(
         _Res.ANY, anything, ResourcePatternType.ANY, f"User:{user}", anything, _Op.ANY, AclPermissionType.ANY
     )
