@@ -250,7 +250,6 @@ def start_infrastructure(cfg: StackConfig, step: Callable[[str], None] = print) 
     step(f"Zipkin: starting on {cfg.zipkin_url} (tracing UI)")
     z.start()
     k.wait_ready()
-    provision_spec_files(cfg, SPEC_FILE_PARTITIONS)
     z.wait_ready()
 
 
@@ -359,6 +358,8 @@ def start_service(
     if name == "control":
         env = {**env, **dashboard_env(cfg), **(extra_env or {})}
     ensure_pki(cfg.pki_dir)  # certificates that are missing or about to expire; the rest stay
+    if cfg.job_specs and name != "control":
+        provision_spec_files(cfg, SPEC_FILE_PARTITIONS)
     return procs.start_process(
         process or name,
         [sys.executable, "-m", f"services.{name}"],
