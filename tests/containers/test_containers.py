@@ -193,7 +193,7 @@ def service_containers(
     image_refs: dict[str, str],
     tmp_path: Path,
 ) -> Iterator[dict[str, str]]:
-    tls = tls_dirs(tmp_path / "pki", tmp_path / "tls")
+    tls = tls_dirs(tmp_path / "pki", tmp_path / "tls", credentials.kafka_passwords)
     names: dict[str, str] = {}
     try:
         for service in kube.SERVICES:
