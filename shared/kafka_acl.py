@@ -68,7 +68,8 @@ def _allow(
 
 
 def standing_bindings() -> list[AclBinding]:
-    """The grants no job adds: groups, transactional ids, warm-up topics, administration, reading."""
+    """The grants no job adds: groups, transactional ids, warm-up topics, the default output topic,
+    administration, reading."""
     return [
         *_allow(INGEST, _Res.GROUP, INGEST_GROUP, [_Op.READ, _Op.DESCRIBE]),
         *_allow(INGEST, _Res.TRANSACTIONAL_ID, INGEST_TRANSACTIONS, [_Op.WRITE, _Op.DESCRIBE], prefixed=True),
@@ -84,9 +85,18 @@ def standing_bindings() -> list[AclBinding]:
         ),
         # librdkafka's BROKER is Kafka's CLUSTER resource (type 4), always named kafka-cluster.
         *_allow(CONTROL, _Res.BROKER, "kafka-cluster", [_Op.ALTER, _Op.DESCRIBE]),
+        # The default output topic, which the sink always reads (its `topics` setting).
+        *_allow(PROCESSOR, _Res.TOPIC, constants.DEFAULT_AGGREGATES_TOPIC, [_Op.WRITE]),
+        *_allow(SINK, _Res.TOPIC, constants.DEFAULT_AGGREGATES_TOPIC, [_Op.READ]),
+        *_allow(SINK, _Res.TOPIC, constants.dlq_topic(constants.DEFAULT_AGGREGATES_TOPIC), [_Op.WRITE]),
         *_allow(READER, _Res.TOPIC, "*", [_Op.READ, _Op.DESCRIBE]),
         *_allow(READER, _Res.GROUP, "*", [_Op.READ]),
     ]
+
+
+def standing_topics() -> list[str]:
+    """The topics that exist before any job: the default output topic and its dead letters."""
+    return [constants.DEFAULT_AGGREGATES_TOPIC, constants.dlq_topic(constants.DEFAULT_AGGREGATES_TOPIC)]
 
 
 def job_topics(spec: JobSpec) -> list[str]:

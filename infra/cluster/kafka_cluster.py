@@ -94,6 +94,9 @@ class KafkaNode(KafkaBroker):
             "leader.imbalance.check.interval.seconds": 30,
         }
 
+    def set_up_access(self) -> None:
+        pass  # KafkaCluster.wait_ready does, once every node is a broker (topics need all replicas)
+
     def format_flags(self) -> list[str]:
         return []  # a static quorum: the voters are in the config, nothing to record at format time
 
@@ -193,6 +196,8 @@ class KafkaCluster:
             f"all {len(self.nodes)} Kafka brokers to join the cluster",
             self.nodes[0].server_log_dir / "server.log",
         )
+        if self.auth is not None:
+            self.auth.set_up(self.bootstrap_servers)
 
     def up(self, timeout_s: float = 120) -> None:
         self.start()

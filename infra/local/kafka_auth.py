@@ -17,11 +17,12 @@ from pathlib import Path
 from confluent_kafka.admin import AclBinding
 
 from infra.local.redis_server import kept_passwords, write_private
-from shared.kafka import SASL_MECHANISM, KafkaAccess, SecurityProtocol, scram_jaas
-from shared.kafka_acl import ADMIN, USERS, grant, standing_bindings
+from shared.kafka import SASL_MECHANISM, KafkaAccess, SecurityProtocol, ensure_topics, scram_jaas
+from shared.kafka_acl import ADMIN, USERS, grant, standing_bindings, standing_topics
 
 CLIENT_LISTENER = "CLIENT"
 CONTROLLER_LISTENER = "CONTROLLER"
+STANDING_PARTITIONS = 2  # the services' default topic_partitions
 
 
 class KafkaAuth:
@@ -86,10 +87,12 @@ class KafkaAuth:
         }
         return props
 
-    def standing_acls(self, bootstrap: str) -> list[AclBinding]:
-        """Grant the ACLs no job adds (idempotent: the broker keeps one of each)."""
+    def set_up(self, bootstrap: str) -> list[AclBinding]:
+        """The topics and grants no job adds (idempotent: an existing topic or ACL stays as it is)."""
+        admin = self.access(bootstrap)
+        ensure_topics(admin, standing_topics(), STANDING_PARTITIONS)
         bindings = standing_bindings()
-        grant(self.access(bootstrap), bindings)
+        grant(admin, bindings)
         return bindings
 
     def client_properties(self, bootstrap: str, user: str, directory: Path) -> Path:

@@ -351,8 +351,12 @@ class KafkaBroker:
             self.log_path,
             pid=pid,
         )
+        self.set_up_access()
+
+    def set_up_access(self) -> None:
+        """The topics and grants no job adds, once the broker answers (a cluster's, once all answer)."""
         if self.auth is not None:
-            self.auth.standing_acls(self.bootstrap_servers)
+            self.auth.set_up(self.bootstrap_servers)
 
     def up(self, timeout_s: float = 60) -> int:
         """start() + wait_ready(); returns the pid."""
