@@ -106,12 +106,14 @@ def job_topics(spec: JobSpec) -> list[str]:
 
 
 def job_bindings(spec: JobSpec) -> list[AclBinding]:
-    """What a job needs of each service: ingest reads its raw topics and writes their valid, dead-letter
-    and late topics; the processor reads the valid ones and writes the output; the sink reads the
-    output and writes its dead letters; the shared producer writes the raw topics."""
+    """What a job needs of each service: ingest reads its raw topics (and writes them: its HTTP
+    endpoint) and writes their valid, dead-letter and late topics; the processor reads the valid ones
+    and writes the output; the sink reads the output and writes its dead letters; the shared producer
+    writes the raw topics."""
     out: list[AclBinding] = []
     for s in spec.sources:
-        out += _allow(INGEST, _Res.TOPIC, s.topic, [_Op.READ])
+        # Ingest's HTTP endpoint writes what it accepts to the raw topic, as a producer would.
+        out += _allow(INGEST, _Res.TOPIC, s.topic, [_Op.READ, _Op.WRITE])
         out += _allow(PRODUCER, _Res.TOPIC, s.topic, [_Op.WRITE])
         for derived in (s.valid_topic, s.dlq_topic, s.late_topic):
             out += _allow(INGEST, _Res.TOPIC, derived, [_Op.WRITE, _Op.DESCRIBE_CONFIGS])
