@@ -114,6 +114,13 @@ def main() -> int:
     console.print(f"  API token     {token_file}  (read+write; curl -H 'Authorization: Bearer ...')")
     console.print(f"  ingest token  {cfg.run_dir / 'ingest-token'}  (POST /v1/streams/<topic>/events)")
     console.print(f"  CLI           SF_CLI_TOKEN=$(cat {token_file}) .venv/bin/streamforge list")
+    kafka = cfg.run_dir / "kafka"
+    console.print(
+        f"  Kafka         {cfg.bootstrap} (SASL/SCRAM): your clients' configs are {kafka}/client-*.properties"
+    )
+    console.print(
+        f"                kcat -F {kafka}/client-reader.properties -C -t {spec.source.dlq_topic} -e"
+    )
     console.print("  stop it all   make stop")
     ok = got == expected and dlq == len(data.bad)
     if not ok:
