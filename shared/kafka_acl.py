@@ -47,11 +47,11 @@ READER = "reader"  # users' consumers: read anything, write nothing
 SERVICE_USERS = (INGEST, PROCESSOR, SINK, CONTROL)
 USERS = (ADMIN, *SERVICE_USERS, PRODUCER, READER)
 
-INGEST_GROUP = "sf-ingest"
-SINK_GROUP = "sf-sink"
-INGEST_TRANSACTIONS = "sf-ingest-"  # prefix: one transactional id per replica
+INGEST_GROUP = constants.INGEST_GROUP_ID
+SINK_GROUP = constants.SINK_GROUP_ID
+INGEST_TRANSACTIONS = constants.INGEST_TRANSACTIONAL_PREFIX  # one transactional id per replica
 SPARK_GROUPS = "spark-kafka-source"  # prefix of the groups Spark's Kafka source reads with
-WARMUP_TOPICS = "_sf-warmup-"  # prefix: a processor's warm-up makes and drops these
+WARMUP_TOPICS = constants.WARMUP_TOPIC_PREFIX
 PRODUCER_PREFIX = "sf-producer-"  # users minted by control for one stream each
 
 GRANT_POLL_S = 0.05

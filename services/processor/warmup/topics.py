@@ -14,11 +14,12 @@ from collections.abc import Iterable
 
 from confluent_kafka import KafkaException
 
+from shared import constants
 from shared.kafka import KafkaAccess, admin
 
 log = logging.getLogger(__name__)
 
-TOPIC_PREFIX = "_sf-warmup-"
+TOPIC_PREFIX = constants.WARMUP_TOPIC_PREFIX
 # Longer than any warm-up and its clean-up can take (settings cap a warm-up's length).
 STALE_AFTER_S = 3_600
 _TAGGED = re.compile(rf"^{re.escape(TOPIC_PREFIX)}(\d{{10,}})-[0-9a-f]+(\.out|\.valid)?$")
