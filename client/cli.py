@@ -22,10 +22,11 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from client.sdk import Client, ClientError
+from client.sdk import Client, ClientError, producer_config
 from client.settings import CliSettings
 from shared.errors import StreamForgeError
 from shared.jobspec import JobSpec, load_job_spec, parse_job_spec, spec_to_json
+from shared.kafka import read_properties
 
 app = typer.Typer(
     name="streamforge",
@@ -54,6 +55,7 @@ class _Options:
     url: str | None = None
     token: str | None = None
     bootstrap: str | None = None
+    kafka_config: str | None = None
 
 
 _opts = _Options()
@@ -66,8 +68,11 @@ def main(
     ] = None,
     token: Annotated[str | None, typer.Option(help="bearer token [SF_CLI_TOKEN]")] = None,
     bootstrap: Annotated[str | None, typer.Option(help="Kafka bootstrap [SF_KAFKA_BOOTSTRAP]")] = None,
+    kafka_config: Annotated[
+        str | None, typer.Option(help="librdkafka properties file for tail/produce [SF_CLI_KAFKA_CONFIG]")
+    ] = None,
 ) -> None:
-    _opts.url, _opts.token, _opts.bootstrap = url, token, bootstrap
+    _opts.url, _opts.token, _opts.bootstrap, _opts.kafka_config = url, token, bootstrap, kafka_config
 
 
 def _settings() -> CliSettings:
@@ -80,8 +85,14 @@ def _client() -> Client:
     return Client(_opts.url or s.url, token, timeout_s=REQUEST_TIMEOUT_S)
 
 
-def _bootstrap() -> str:
-    return _opts.bootstrap or _settings().kafka_bootstrap
+def _kafka_config() -> dict[str, Any]:
+    """Where Kafka is and who we are there: a properties file, else the SF_KAFKA_* settings."""
+    s = _settings()
+    path = _opts.kafka_config or s.kafka_config
+    conf: dict[str, Any] = read_properties(path) if path else dict(s.kafka().config())
+    if _opts.bootstrap:
+        conf["bootstrap.servers"] = _opts.bootstrap
+    return conf
 
 
 def _fail(e: Exception) -> typer.Exit:
@@ -276,7 +287,7 @@ def tail(
     """Print a topic's records as they arrive (committed ones only), with key and headers."""
     consumer = Consumer(
         {
-            "bootstrap.servers": _bootstrap(),
+            **_kafka_config(),
             "group.id": f"streamforge-cli-{uuid.uuid4().hex[:8]}",
             "auto.offset.reset": "earliest" if from_beginning else "latest",
             "enable.auto.commit": False,
@@ -322,6 +333,9 @@ def produce(
     span: Annotated[str, typer.Option(help="event-time span they cover, ending now")] = "60s",
     bad_every: Annotated[int, typer.Option(help="a malformed record after every N (0: none)")] = 0,
     seed: Annotated[int, typer.Option(help="random seed (same seed, same data)")] = 7,
+    mint: Annotated[
+        bool, typer.Option(help="log in with a credential control mints for this topic, revoked after")
+    ] = False,
 ) -> None:
     """Produce sample click events (pages, users, latencies, some out of order)."""
     from client.samples import click_events
@@ -333,7 +347,25 @@ def produce(
         raise _fail(e) from None
     now_ms = int(time.time() * 1000)
     data = click_events(events, start_ms=now_ms - span_ms, span_ms=span_ms, bad_every=bad_every, seed=seed)
-    producer = Producer({"bootstrap.servers": _bootstrap(), "linger.ms": 5})
+    conf = _kafka_config()
+    if not mint:
+        _produce(Producer({**conf, "linger.ms": 5}), topic, data.records)
+    else:
+        with _control() as client:
+            credential = client.mint_producer(topic)
+            try:
+                # Where Kafka is, as this machine reaches it; who we are, as control minted it.
+                minted = producer_config(credential, **{"bootstrap.servers": conf["bootstrap.servers"]})
+                _produce(Producer({**conf, **minted, "linger.ms": 5}), topic, data.records)
+            finally:
+                client.revoke_producer(credential["username"])
+    console.print(
+        f"produced {len(data.records)} records to {escape(topic)} "
+        f"({len(data.good)} events, {len(data.bad)} malformed) over {span_ms // 1000} s of event time"
+    )
+
+
+def _produce(producer: Producer, topic: str, records: list[bytes]) -> None:
     failed: list[str] = []
 
     def delivered(error: Any, _msg: Any) -> None:
@@ -342,8 +374,8 @@ def produce(
 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=err) as progress:
-        task = progress.add_task(f"producing to {topic}", total=len(data.records))
-        for n, value in enumerate(data.records, 1):
+        task = progress.add_task(f"producing to {topic}", total=len(records))
+        for n, value in enumerate(records, 1):
             while True:
                 try:
                     producer.produce(topic, value=value, on_delivery=delivered)
@@ -351,17 +383,13 @@ def produce(
                 except BufferError:  # local queue full: let it drain
                     producer.poll(0.1)
             producer.poll(0)
-            if n % 500 == 0 or n == len(data.records):
+            if n % 500 == 0 or n == len(records):
                 progress.update(task, completed=n)
         left = producer.flush(30)
     if left or failed:
         raise _fail(
             ClientError(0, f"{left} undelivered, {len(failed)} failed: {failed[:3]}", "produce", topic)
         )
-    console.print(
-        f"produced {len(data.records)} records to {escape(topic)} "
-        f"({len(data.good)} events, {len(data.bad)} malformed) over {span_ms // 1000} s of event time"
-    )
 
 
 if __name__ == "__main__":

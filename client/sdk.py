@@ -312,7 +312,7 @@ class Client:
                 except ValueError:
                     detail = resp.text
                 raise ClientError(resp.status_code, str(detail), method, path)
-            return resp.json()
+            return resp.json() if resp.content else None
         raise AssertionError("unreachable")  # the last attempt returns or raises
 
     # --- jobs -------------------------------------------------------------------------------------------
@@ -393,6 +393,26 @@ class Client:
 
     def cluster_metrics(self) -> JobInfo:
         return dict(self._call("GET", "/cluster/metrics"))
+
+    def mint_producer(self, topic: str) -> JobInfo:
+        """A new Kafka credential that may write ``topic`` (a job's raw topic) and nothing else; its
+        password is in the answer only. ``producer_config`` turns it into a client config."""
+        return dict(self._call("POST", f"/producers/{topic}"))
+
+    def revoke_producer(self, username: str) -> None:
+        self._call("DELETE", f"/producers/{username}")
+
+
+def producer_config(credential: JobInfo, **extra: Any) -> dict[str, Any]:
+    """librdkafka properties for a credential from ``Client.mint_producer``, then ``extra``."""
+    return {
+        "bootstrap.servers": credential["bootstrap_servers"],
+        "security.protocol": credential["security_protocol"].lower(),
+        "sasl.mechanism": credential["sasl_mechanism"],
+        "sasl.username": credential["username"],
+        "sasl.password": credential["password"],
+        **extra,
+    }
 
 
 def _spec_body(job: Job | JobSpec | str | Path) -> tuple[bytes, str]:

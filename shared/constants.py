@@ -14,6 +14,13 @@ LATE_SUFFIX = ".late"
 DEFAULT_AGGREGATES_TOPIC = "aggregates"
 # Job ids a processor gives its own warm-up job (services/processor/warmup/); control refuses them.
 WARMUP_JOB_PREFIX = "sf-warmup-"
+# The warm-up's topics, which the processor alone creates and deletes (its Kafka ACLs name the prefix).
+WARMUP_TOPIC_PREFIX = "_sf-warmup-"
+
+# --- Kafka consumer groups and transactional ids (the services' ACLs name them) ---------------------
+INGEST_GROUP_ID = "sf-ingest"
+SINK_GROUP_ID = "sf-sink"
+INGEST_TRANSACTIONAL_PREFIX = "sf-ingest-"  # then the replica's instance id
 
 
 def valid_topic(raw_topic: str) -> str:

@@ -6,6 +6,9 @@ import logging
 import threading
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType, TopicMetadata
@@ -16,18 +19,105 @@ from shared.clock import wall_clock_ms
 log = logging.getLogger(__name__)
 
 
-def admin(bootstrap: str) -> AdminClient:
+SecurityProtocol = Literal["PLAINTEXT", "SASL_PLAINTEXT", "SASL_SSL"]
+SASL_MECHANISM = "SCRAM-SHA-512"
+
+
+@dataclass(frozen=True)
+class KafkaAccess:
+    """Where Kafka is and who a client is there: every client config starts from ``config()`` (librdkafka)
+    or ``spark_options()`` (Spark's Kafka source and sink). The password stays in its file until a
+    client is built, so an access logs as its bootstrap only."""
+
+    bootstrap: str
+    protocol: SecurityProtocol = "PLAINTEXT"
+    username: str = ""
+    password_file: str = ""
+    ca_file: str = ""
+
+    def __str__(self) -> str:
+        return self.bootstrap
+
+    @property
+    def sasl(self) -> bool:
+        return self.protocol.startswith("SASL")
+
+    def password(self) -> str:
+        if not self.password_file:
+            raise ValueError(f"Kafka user {self.username!r} has no password file")
+        return Path(self.password_file).read_text().strip()
+
+    def config(self) -> dict[str, str | int | float | bool]:
+        """librdkafka properties (confluent-kafka clients)."""
+        conf: dict[str, str | int | float | bool] = {
+            "bootstrap.servers": self.bootstrap,
+            "security.protocol": self.protocol.lower(),
+        }
+        if self.sasl:
+            conf |= {
+                "sasl.mechanism": SASL_MECHANISM,
+                "sasl.username": self.username,
+                "sasl.password": self.password(),
+            }
+        if self.ca_file:
+            conf["ssl.ca.location"] = self.ca_file
+        return conf
+
+    def spark_options(self) -> dict[str, str]:
+        """Spark's ``kafka.*`` options (the Java client's property names) for a source or a sink."""
+        opts = {"kafka.bootstrap.servers": self.bootstrap, "kafka.security.protocol": self.protocol}
+        if self.sasl:
+            opts |= {
+                "kafka.sasl.mechanism": SASL_MECHANISM,
+                "kafka.sasl.jaas.config": scram_jaas(self.username, self.password()),
+            }
+        if self.ca_file:
+            opts |= {"kafka.ssl.truststore.type": "PEM", "kafka.ssl.truststore.location": self.ca_file}
+        return opts
+
+
+def scram_jaas(username: str, password: str) -> str:
+    """The JAAS line a Java client logs in with over SCRAM."""
+    return (
+        "org.apache.kafka.common.security.scram.ScramLoginModule required "
+        f'username="{username}" password="{password}";'
+    )
+
+
+def read_properties(path: str | Path) -> dict[str, str]:
+    """A client properties file (``key=value`` a line, ``#`` comments) as a librdkafka config."""
+    conf: dict[str, str] = {}
+    for line in Path(path).read_text().splitlines():
+        key, sep, value = line.strip().partition("=")
+        if sep and not key.startswith("#"):
+            conf[key.strip()] = value.strip()
+    return conf
+
+
+def as_access(kafka: KafkaAccess | str) -> KafkaAccess:
+    """A bare bootstrap string is an unauthenticated access (a broker without SASL)."""
+    return kafka if isinstance(kafka, KafkaAccess) else KafkaAccess(kafka)
+
+
+def client_config(kafka: KafkaAccess | str, **extra: object) -> dict[str, object]:
+    """A client's librdkafka config: ``kafka``'s connection and credentials, then ``extra``."""
+    return {**as_access(kafka).config(), **extra}
+
+
+def admin(kafka: KafkaAccess | str) -> AdminClient:
     # librdkafka's own log lines go through Python logging instead of straight to stderr.
-    return AdminClient({"bootstrap.servers": bootstrap}, logger=logging.getLogger("librdkafka.admin"))
+    return AdminClient(as_access(kafka).config(), logger=logging.getLogger("librdkafka.admin"))
 
 
-def ensure_topics(bootstrap: str, topics: Iterable[str], partitions: int, timeout_s: float = 30.0) -> None:
+def ensure_topics(
+    kafka: KafkaAccess | str, topics: Iterable[str], partitions: int, timeout_s: float = 30.0
+) -> None:
     """Create the topics that do not exist yet; an existing topic is left as it is.
 
     Replication factor and min.insync.replicas are the cluster's defaults (``default.replication.factor``,
     ``min.insync.replicas``): 1 on a single broker, 3 and 2 on the three-node cluster of infra/cluster/.
     """
-    client = admin(bootstrap)
+    client = admin(kafka)
     wanted = sorted(set(topics))
     existing = set(client.list_topics(timeout=timeout_s).topics)
     # -1: the broker's default.replication.factor (KIP-464).
@@ -44,17 +134,17 @@ def ensure_topics(bootstrap: str, topics: Iterable[str], partitions: int, timeou
                 raise
 
 
-def partition_count(bootstrap: str, topic: str, timeout_s: float = 10.0) -> int:
+def partition_count(kafka: KafkaAccess | str, topic: str, timeout_s: float = 10.0) -> int:
     """How many partitions ``topic`` has (0 if it does not exist)."""
-    found = _topic_metadata(admin(bootstrap), topic, timeout_s)
+    found = _topic_metadata(admin(kafka), topic, timeout_s)
     return len(found.partitions) if found is not None else 0
 
 
-def topic_shape(bootstrap: str, topic: str, timeout_s: float = 10.0) -> tuple[int, int]:
+def topic_shape(kafka: KafkaAccess | str, topic: str, timeout_s: float = 10.0) -> tuple[int, int]:
     """A topic's partition count and the largest record batch it takes (its effective
     ``max.message.bytes``, the broker's default unless the topic sets its own); (0, 0) if it does
     not exist."""
-    client = admin(bootstrap)
+    client = admin(kafka)
     found = _topic_metadata(client, topic, timeout_s)
     if found is None:
         return 0, 0
@@ -72,10 +162,10 @@ def _topic_metadata(client: AdminClient, topic: str, timeout_s: float) -> TopicM
 FETCH_QUEUE_BACKOFF_MS = 20
 
 
-def consumer_config(bootstrap: str, group_id: str, **extra: object) -> dict[str, object]:
+def consumer_config(kafka: KafkaAccess | str, group_id: str, **extra: object) -> dict[str, object]:
     """A consumer that only sees committed transactions and commits its offsets explicitly."""
     return {
-        "bootstrap.servers": bootstrap,
+        **as_access(kafka).config(),
         "group.id": group_id,
         "isolation.level": "read_committed",
         "enable.auto.commit": False,
@@ -113,10 +203,10 @@ def consume_batch(
     return batch
 
 
-def check_metadata(bootstrap: str, timeout_s: float = 3.0) -> bool:
+def check_metadata(kafka: KafkaAccess | str, timeout_s: float = 3.0) -> bool:
     """True when the cluster answers a metadata request: what /readyz means by 'Kafka is up'."""
     try:
-        admin(bootstrap).list_topics(timeout=timeout_s)
+        admin(kafka).list_topics(timeout=timeout_s)
         return True
     except KafkaException:
         return False

@@ -29,6 +29,8 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from shared.kafka import KafkaAccess, SecurityProtocol
+
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 TracingExporter = Literal["zipkin", "console", "none"]
 # latency: each stage hands records on within milliseconds (the defaults).
@@ -44,6 +46,22 @@ def redacted_url(url: str) -> str:
     host = parts.hostname or ""
     netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
     return urlunsplit(parts._replace(netloc=netloc))
+
+
+def kafka_fields(access: KafkaAccess) -> dict[str, str]:
+    """``access`` as the settings fields it comes from."""
+    return {
+        "kafka_bootstrap": access.bootstrap,
+        "kafka_security_protocol": access.protocol,
+        "kafka_sasl_username": access.username,
+        "kafka_sasl_password_file": access.password_file,
+        "kafka_ssl_ca_file": access.ca_file,
+    }
+
+
+def kafka_env(access: KafkaAccess) -> dict[str, str]:
+    """``access`` as the ``SF_KAFKA_*`` variables every service reads it from."""
+    return {f"SF_{k.upper()}": v for k, v in kafka_fields(access).items()}
 
 
 def shared_name(name: str) -> AliasChoices:
@@ -77,6 +95,27 @@ class BaseServiceSettings(BaseSettings):
         "127.0.0.1:9092",
         validation_alias=shared_name("kafka_bootstrap"),
         description="Kafka bootstrap servers",
+    )
+    kafka_security_protocol: SecurityProtocol = Field(
+        "PLAINTEXT",
+        validation_alias=shared_name("kafka_security_protocol"),
+        description="`SASL_PLAINTEXT` (SCRAM-SHA-512 on loopback), `SASL_SSL` (SCRAM over TLS, between "
+        "hosts) or `PLAINTEXT` (a broker without authentication)",
+    )
+    kafka_sasl_username: str = Field(
+        "",
+        validation_alias=shared_name("kafka_sasl_username"),
+        description="the service's Kafka principal (SCRAM-SHA-512 user)",
+    )
+    kafka_sasl_password_file: str = Field(
+        "",
+        validation_alias=shared_name("kafka_sasl_password_file"),
+        description="a file (0600) holding that user's password",
+    )
+    kafka_ssl_ca_file: str = Field(
+        "",
+        validation_alias=shared_name("kafka_ssl_ca_file"),
+        description="the CA certificate (PEM) the brokers' TLS certificates are checked against (`SASL_SSL`)",
     )
     redis_url: str = Field(
         "redis://127.0.0.1:6379/0",
@@ -180,6 +219,25 @@ class BaseServiceSettings(BaseSettings):
             if isinstance(field.validation_alias, AliasChoices):
                 known |= {str(c).upper() for c in field.validation_alias.choices if isinstance(c, str)}
         return sorted(k for k in environ if k.upper().startswith(prefix) and k.upper() not in known)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _expand_kafka_access(cls, data: Any) -> Any:
+        # A KafkaAccess given as the bootstrap brings its credentials along (tests, tools).
+        if isinstance(data, dict) and isinstance(access := data.get("kafka_bootstrap"), KafkaAccess):
+            data = {**data, **kafka_fields(access)}
+        return data
+
+    @property
+    def kafka(self) -> KafkaAccess:
+        """How this service reaches Kafka, and as whom."""
+        return KafkaAccess(
+            self.kafka_bootstrap,
+            self.kafka_security_protocol,
+            self.kafka_sasl_username,
+            self.kafka_sasl_password_file,
+            self.kafka_ssl_ca_file,
+        )
 
     @field_validator("redis_sentinels")
     @classmethod

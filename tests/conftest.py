@@ -20,6 +20,7 @@ from infra.local.prometheus import TEST_INTERVALS
 from infra.local.stack import StackConfig, broker, redis_server, zipkin_server
 from infra.local.zipkin import ZipkinServer
 from infra.paths import RUN_DIR
+from shared.kafka import KafkaAccess
 
 # SF_TEST_PORT_OFFSET lets several test runs share a machine (each its own ports and run dir).
 _OFFSET = int(os.environ.get("SF_TEST_PORT_OFFSET", "0"))
@@ -58,11 +59,13 @@ def _fresh_run_dir(stack_cfg: StackConfig) -> None:
 
 
 @pytest.fixture(scope="session")
-def kafka_bootstrap(stack_cfg: StackConfig, _fresh_run_dir: None) -> Iterator[str]:
+def kafka_bootstrap(stack_cfg: StackConfig, _fresh_run_dir: None) -> Iterator[KafkaAccess]:
+    """The session broker, authenticating as the demo's does: tests connect as its ``admin`` (the
+    fixture's name is older than its credentials)."""
     b = broker(stack_cfg)
     b.start()
     b.wait_ready()
-    yield stack_cfg.bootstrap
+    yield stack_cfg.kafka
     b.stop()
 
 

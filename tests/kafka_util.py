@@ -10,6 +10,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Message, Producer
 
+from shared.kafka import client_config
 from shared.packs import events_of, pack, packed_event, partition_for
 
 
@@ -18,7 +19,7 @@ def produce_all(bootstrap: str, topic: str, values: Iterable[bytes], key: bytes 
 
 
 def produce_keyed(bootstrap: str, topic: str, pairs: Iterable[tuple[bytes | None, bytes]]) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    producer = Producer({**client_config(bootstrap), "linger.ms": 5})
     for key, value in pairs:
         producer.produce(topic, key=key, value=value)
         producer.poll(0)
@@ -29,7 +30,7 @@ def produce_packed(
     bootstrap: str, topic: str, pairs: Iterable[tuple[str, bytes]], partitions: int, per_pack: int = 50
 ) -> None:
     """(key, event) pairs as ingest packs them (shared/packs.py): per key's partition, in order."""
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    producer = Producer({**client_config(bootstrap), "linger.ms": 5})
     open_packs: dict[int, list[bytes]] = {}
     for key, value in pairs:
         part = partition_for(key, partitions)
@@ -54,7 +55,7 @@ def read_all(
     (each record counted as ``counted`` says: one by default)."""
     consumer = Consumer(
         {
-            "bootstrap.servers": bootstrap,
+            **client_config(bootstrap),
             "group.id": f"test-reader-{uuid.uuid4().hex}",
             "auto.offset.reset": "earliest",
             "enable.auto.commit": False,

@@ -24,7 +24,10 @@ from typing import Any
 from infra.artifacts.fetch import CACHE_DIR
 from infra.errors import InfraError
 from infra.local import procs
+from infra.local.kafka_auth import KafkaAuth
 from infra.local.kafka_broker import LIBRDKAFKA_LOGGER, KafkaBroker, new_cluster_id
+from shared.kafka import KafkaAccess
+from shared.kafka_acl import ADMIN
 
 REPLICATION_FACTOR = 3
 MIN_INSYNC_REPLICAS = 2
@@ -43,6 +46,7 @@ class KafkaNode(KafkaBroker):
         *,
         cache_dir: Path = CACHE_DIR,
         hosts: Sequence[procs.Host] = (),
+        auth: KafkaAuth | None = None,
     ) -> None:
         if not 1 <= node_id <= len(ports):
             raise InfraError(f"node id {node_id} is outside 1..{len(ports)}")
@@ -50,7 +54,15 @@ class KafkaNode(KafkaBroker):
         port, controller_port = ports[node_id - 1]
         host = self.hosts[node_id - 1]
         super().__init__(
-            run_dir, port, controller_port, heap, cache_dir=cache_dir, name=f"kafka-{node_id}", host=host
+            run_dir,
+            port,
+            controller_port,
+            heap,
+            cache_dir=cache_dir,
+            name=f"kafka-{node_id}",
+            host=host,
+            authenticated=auth is not None,
+            auth=auth,
         )
         self.node_id = node_id
         self.ports = list(ports)
@@ -81,6 +93,9 @@ class KafkaNode(KafkaBroker):
             "auto.leader.rebalance.enable": "true",
             "leader.imbalance.check.interval.seconds": 30,
         }
+
+    def set_up_access(self) -> None:
+        pass  # KafkaCluster.wait_ready does, once every node is a broker (topics need all replicas)
 
     def format_flags(self) -> list[str]:
         return []  # a static quorum: the voters are in the config, nothing to record at format time
@@ -115,6 +130,7 @@ class KafkaCluster:
         cache_dir: Path = CACHE_DIR,
         hosts: Sequence[procs.Host] = (),
         node_run_dirs: Sequence[Path] = (),
+        authenticated: bool = True,
     ) -> None:
         if len(ports) != len(controller_ports) or len(ports) < 3:
             raise InfraError(
@@ -133,8 +149,12 @@ class KafkaCluster:
         cluster_id = self._cluster_id()
         self._admin_client: Any = None
         dirs = list(node_run_dirs) or [run_dir] * len(ports)
+        # One set of users for every node: brokers log in to each other as the same admin.
+        self.auth = KafkaAuth(run_dir) if authenticated else None
         self.nodes = [
-            KafkaNode(dirs[i - 1], i, pairs, cluster_id, heap, cache_dir=cache_dir, hosts=places)
+            KafkaNode(
+                dirs[i - 1], i, pairs, cluster_id, heap, cache_dir=cache_dir, hosts=places, auth=self.auth
+            )
             for i in range(1, len(pairs) + 1)
         ]
 
@@ -153,6 +173,12 @@ class KafkaCluster:
         """Every node: clients find the cluster through whichever answers."""
         return ",".join(n.bootstrap_servers for n in self.nodes)
 
+    def access(self, user: str = ADMIN) -> KafkaAccess:
+        """How ``user`` connects to the cluster (anyone, without authentication)."""
+        if self.auth is None:
+            return KafkaAccess(self.bootstrap_servers)
+        return self.auth.access(self.bootstrap_servers, user)
+
     def node(self, node_id: int) -> KafkaNode:
         return self.nodes[node_id - 1]
 
@@ -170,6 +196,8 @@ class KafkaCluster:
             f"all {len(self.nodes)} Kafka brokers to join the cluster",
             self.nodes[0].server_log_dir / "server.log",
         )
+        if self.auth is not None:
+            self.auth.set_up(self.bootstrap_servers)
 
     def up(self, timeout_s: float = 120) -> None:
         self.start()
@@ -191,7 +219,7 @@ class KafkaCluster:
         from confluent_kafka.admin import AdminClient
 
         conf: dict[str, Any] = {
-            "bootstrap.servers": self.bootstrap_servers,
+            **self.access().config(),
             "socket.timeout.ms": 3000,
             "reconnect.backoff.max.ms": 500,
             "logger": LIBRDKAFKA_LOGGER,

@@ -32,6 +32,7 @@ from infra.cluster.kafka_cluster import KafkaCluster
 from infra.cluster.spark_standalone import SparkMaster, SparkWorker, spark_conf
 from infra.errors import InfraError
 from infra.local import procs
+from infra.local.kafka_auth import KafkaAuth
 from infra.local.prometheus import DEFAULT_INTERVALS, Intervals
 from infra.local.stack import (
     StackConfig,
@@ -42,6 +43,7 @@ from infra.local.stack import (
     wait_process_ready,
 )
 from infra.paths import RUN_DIR
+from shared.kafka import KafkaAccess
 
 DEMO_BASE_PORT = 20600
 TEST_BASE_PORT = 20700
@@ -101,6 +103,11 @@ class ClusterConfig:
     @property
     def bootstrap(self) -> str:
         return ",".join(f"127.0.0.1:{self.port(KAFKA + i)}" for i in range(self.brokers))
+
+    @property
+    def kafka(self) -> KafkaAccess:
+        """The cluster as ``admin``: what operators and the tests use."""
+        return KafkaAuth(self.run_dir).access(self.bootstrap)
 
     @property
     def control_url(self) -> str:

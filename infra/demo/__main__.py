@@ -12,6 +12,7 @@ import shutil
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 import httpx
@@ -37,7 +38,8 @@ from infra.local.stack import (
 )
 from infra.paths import ROOT
 from shared.jobspec import load_job_spec
-from shared.kafka import ensure_topics
+from shared.kafka import KafkaAccess, ensure_topics
+from shared.kafka_acl import PRODUCER, READER
 
 SPEC_PATH = ROOT / "services" / "processor" / "examples" / "page_views.yaml"
 EVENTS = 100_000
@@ -72,7 +74,8 @@ def main() -> int:
         start_infrastructure(cfg, step)
         # One raw partition: the processor's watermark is global across partitions, so the demo's
         # raw stream keeps one order and out-of-order events stay within the watermark's bound.
-        ensure_topics(cfg.bootstrap, [spec.source.topic], partitions=1)
+        ensure_topics(cfg.kafka_access(), [spec.source.topic], partitions=1)
+        write_client_configs(cfg, step)
         start_services(cfg, SERVICES, step)
         start_monitoring(cfg, step)
         submit_job(cfg, spec.id)
@@ -88,10 +91,10 @@ def main() -> int:
     start_ms = now_ms - now_ms % spec.window.size - SPAN_MS
     data = click_events(EVENTS, start_ms=start_ms, span_ms=SPAN_MS, bad_every=5_000)
     expected = oracle_window_counts(data.good, spec.window.size)
-    produce(cfg.bootstrap, spec.source.topic, data.records)
+    produce(cfg.kafka_access(PRODUCER), spec.source.topic, data.records)
     got = wait_for_results(cfg, spec.id, expected)
     print_results(got, expected)
-    dlq = count_records(cfg.bootstrap, spec.source.dlq_topic)
+    dlq = count_records(cfg.kafka_access(READER), spec.source.dlq_topic)
     console.print(
         f"dead-letter topic {spec.source.dlq_topic}: {dlq} records (sent {len(data.bad)} malformed)"
     )
@@ -111,6 +114,13 @@ def main() -> int:
     console.print(f"  API token     {token_file}  (read+write; curl -H 'Authorization: Bearer ...')")
     console.print(f"  ingest token  {cfg.run_dir / 'ingest-token'}  (POST /v1/streams/<topic>/events)")
     console.print(f"  CLI           SF_CLI_TOKEN=$(cat {token_file}) .venv/bin/streamforge list")
+    kafka = cfg.run_dir / "kafka"
+    console.print(
+        f"  Kafka         {cfg.bootstrap} (SASL/SCRAM): your clients' configs are {kafka}/client-*.properties"
+    )
+    console.print(
+        f"                kcat -F {kafka}/client-reader.properties -C -t {spec.source.dlq_topic} -e"
+    )
     console.print("  stop it all   make stop")
     ok = got == expected and dlq == len(data.bad)
     if not ok:
@@ -142,8 +152,18 @@ def submit_job(cfg: StackConfig, job_id: str, timeout_s: float = 120) -> None:
     raise InfraError(f"job {job_id} not RUNNING within {timeout_s:.0f} s (last state {state or 'unknown'})")
 
 
-def produce(bootstrap: str, topic: str, records: list[bytes]) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "enable.idempotence": True})
+def write_client_configs(cfg: StackConfig, step: Callable[[str], None]) -> None:
+    """Client configs for users' own programs: ``producer`` writes raw topics, ``reader`` reads."""
+    auth = cfg.kafka_auth()
+    if auth is None:
+        return
+    directory = cfg.run_dir / "kafka"
+    paths = [auth.client_properties(cfg.bootstrap, user, directory) for user in (PRODUCER, READER)]
+    step(f"Kafka client configs: {', '.join(str(p) for p in paths)}")
+
+
+def produce(kafka: KafkaAccess, topic: str, records: list[bytes]) -> None:
+    producer = Producer({**kafka.config(), "linger.ms": 20, "enable.idempotence": True})
     with _progress() as bar:
         task = bar.add_task(f"producing to {topic}", total=len(records))
         for i, value in enumerate(records, 1):
@@ -202,10 +222,10 @@ def print_results(got: dict[tuple[str, int], int], expected: dict[tuple[str, int
     )
 
 
-def count_records(bootstrap: str, topic: str) -> int:
+def count_records(kafka: KafkaAccess, topic: str) -> int:
     consumer = Consumer(
         {
-            "bootstrap.servers": bootstrap,
+            **kafka.config(),
             "group.id": f"sf-demo-count-{time.time_ns()}",
             "auto.offset.reset": "earliest",
             "enable.auto.commit": False,

@@ -106,6 +106,7 @@ def stack_config(cfg: HostsConfig) -> StackConfig:
     return StackConfig(
         run_dir=cfg.run_dir,
         kafka_bootstrap=",".join(f"{h.address}:{KAFKA_PORT}" for h in kafka_hosts),
+        kafka_users_dir=cfg.run_dir,  # the cluster's users, whichever host's directory a service uses
         redis_port=REDIS_PORT,
         redis_address=host_of("redis-1").address,
         redis_sentinels=redis_ha(cfg).sentinel_list,

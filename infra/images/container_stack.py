@@ -35,6 +35,14 @@ def local_settings(cfg: StackConfig) -> dict[str, str]:
     control_grpc, processor_grpc, ingest_grpc, sink_grpc = cfg.grpc_ports
     return {
         "SF_KAFKA_BOOTSTRAP": cfg.bootstrap,
+        **(
+            {
+                "SF_KAFKA_SECURITY_PROTOCOL": auth.protocol,
+                "SF_KAFKA_SASL_PASSWORD_FILE": f"{TLS_DIR}/{kube.KAFKA_PASSWORD}",
+            }
+            if (auth := cfg.kafka_auth()) is not None
+            else {}
+        ),
         "SF_CONTROL_GRPC_TARGET": f"127.0.0.1:{control_grpc}",
         "SF_TRACING_EXPORTER": "none",
         "SF_BIND_HOST": "127.0.0.1",
@@ -90,16 +98,19 @@ class Credentials:
     control_redis_url: str
     sink_redis_url: str
     redis_url: str
+    kafka_passwords: Mapping[str, str]  # by service; empty: a broker without authentication
 
     @classmethod
     def for_stack(cls, cfg: StackConfig, control_token: str, ingest_token: str) -> Credentials:
         r = redis_server(cfg)
+        auth = cfg.kafka_auth()
         return cls(
             control_token,
             ingest_token,
             r.url("control"),
             r.url("sink"),
             f"redis://127.0.0.1:{cfg.redis_port}/0",
+            {s: auth.passwords()[s] for s in kube.SERVICES} if auth is not None else {},
         )
 
     def env(self, service: str) -> dict[str, str]:
@@ -113,6 +124,8 @@ class Credentials:
             out["SF_CONTROL_TOKENS"] = json.dumps({self.control_token: ["read", "write"]})
         if service == "ingest":
             out["SF_INGEST_HTTP_TOKENS"] = json.dumps([self.ingest_token])
+        if self.kafka_passwords:
+            out["SF_KAFKA_SASL_USERNAME"] = service
         return out
 
     def secret_docs(self, pki_dir: Path) -> list[kube.Doc]:
@@ -123,12 +136,14 @@ class Credentials:
             control_redis_url=self.control_redis_url,
             sink_redis_url=self.sink_redis_url,
             redis_url=self.redis_url,
+            kafka_passwords=self.kafka_passwords or dict.fromkeys(kube.SERVICES, ""),
         )
 
 
-def tls_dirs(pki_dir: Path, out_dir: Path) -> dict[str, Path]:
-    """One directory per service with the CA certificate and only that service's certificate and key,
-    readable by the containers' user alone (what the Secret volume of its Deployment holds)."""
+def tls_dirs(pki_dir: Path, out_dir: Path, kafka_passwords: Mapping[str, str]) -> dict[str, Path]:
+    """One directory per service with the CA certificate and only that service's certificate and key
+    (and its Kafka password), readable by the containers' user alone (what the Secret volume of its
+    Deployment holds)."""
     ensure_pki(pki_dir)
     dirs = {}
     for service in kube.SERVICES:
@@ -137,8 +152,11 @@ def tls_dirs(pki_dir: Path, out_dir: Path) -> dict[str, Path]:
         d.mkdir(parents=True)
         for name in ("ca.crt", f"{service}.crt", f"{service}.key"):
             shutil.copy2(pki_dir / name, d / name)
-            (d / name).chmod(0o400)
-            os.chown(d / name, UID, UID)
+        if service in kafka_passwords:
+            (d / kube.KAFKA_PASSWORD).write_text(kafka_passwords[service] + "\n")
+        for path in d.iterdir():
+            path.chmod(0o400)
+            os.chown(path, UID, UID)
         os.chown(d, UID, UID)
         d.chmod(0o500)
         dirs[service] = d

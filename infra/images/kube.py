@@ -31,6 +31,8 @@ K8S_DIR = Path(__file__).resolve().parent / "k8s"
 KUBERNETES_VERSION = "1.37.0"
 CONFIGMAP = "streamforge-settings"
 CREDENTIALS = "streamforge-credentials"
+# A service's Kafka password, beside its certificate in its TLS Secret (SF_KAFKA_SASL_PASSWORD_FILE).
+KAFKA_PASSWORD = "kafka.password"
 
 Doc = dict[str, Any]
 
@@ -187,9 +189,11 @@ def secrets(
     control_redis_url: str,
     sink_redis_url: str,
     redis_url: str,
+    kafka_passwords: Mapping[str, str],
 ) -> list[Doc]:
     """The Secrets of secrets.yaml with real values: each service's certificate and key (and the CA
-    certificate, never its key) from ``pki_dir``, the tokens, each service's Redis URL."""
+    certificate, never its key) from ``pki_dir`` with its Kafka user's password, the tokens, each
+    service's Redis URL."""
     docs = []
     ca = (pki_dir / "ca.crt").read_text()
     for service in SERVICES:
@@ -197,6 +201,7 @@ def secrets(
             "ca.crt": ca,
             f"{service}.crt": (pki_dir / f"{service}.crt").read_text(),
             f"{service}.key": (pki_dir / f"{service}.key").read_text(),
+            KAFKA_PASSWORD: kafka_passwords[service],
         }
         docs.append(_secret(f"streamforge-tls-{service}", data))
     credentials = {
@@ -412,6 +417,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     sec.add_argument("--control-redis-url", required=True)
     sec.add_argument("--sink-redis-url", required=True)
     sec.add_argument("--redis-url", default="redis://redis:6379/0")
+    sec.add_argument(
+        "--kafka-users",
+        type=Path,
+        required=True,
+        help="the brokers' Kafka passwords (`<run dir>/kafka-auth/users.json`)",
+    )
     args = parser.parse_args(argv)
     if args.command == "check":
         docs = load()
@@ -429,6 +440,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 control_redis_url=args.control_redis_url,
                 sink_redis_url=args.sink_redis_url,
                 redis_url=args.redis_url,
+                kafka_passwords=json.loads(args.kafka_users.read_text()),
             )
         )
     )

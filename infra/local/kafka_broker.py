@@ -1,7 +1,7 @@
 """A single-node Kafka broker in KRaft mode (broker+controller in one JVM), run as a detached process.
 
 Layout under run_dir (``kafka`` is the process name; a cluster's nodes, infra/cluster/, use their own):
-  kafka/server.properties   generated config (rewritten on every start)
+  kafka/server.properties   generated config (rewritten on every start; 0600, it holds admin's password)
   kafka/cluster.json        cluster id and controller port the storage was formatted with
   kafka/data/               log.dirs (topics and the __cluster_metadata log)
   logs/kafka.out            JVM stdout/stderr (WARN and up from log4j2, JVM errors)
@@ -25,8 +25,12 @@ from infra.artifacts.fetch import CACHE_DIR, kafka_classpath, require_java
 from infra.errors import InfraError
 from infra.local import procs
 from infra.local.jvm import checked_memory, private_tmpdir
+from infra.local.kafka_auth import KafkaAuth
+from infra.local.redis_server import write_private
 from infra.paths import logs_dir
 from shared.jvm import memory_mib
+from shared.kafka import KafkaAccess
+from shared.kafka_acl import ADMIN
 
 NAME = "kafka"
 LOG4J2_CONFIG = Path(__file__).resolve().parent / "kafka-log4j2.properties"
@@ -62,7 +66,8 @@ DEFAULT_HEAP = "384m"
 
 class KafkaBroker:
     """Single-node KRaft broker on 127.0.0.1, or on ``host``. Idempotent: up() reuses our broker if it
-    is already healthy."""
+    is already healthy. With ``auth`` (by default the run directory's users) every listener takes
+    SASL and ACLs decide what a user may do; ``authenticated=False`` opens it to anyone."""
 
     def __init__(
         self,
@@ -74,8 +79,11 @@ class KafkaBroker:
         cache_dir: Path = CACHE_DIR,
         name: str = NAME,
         host: procs.Host = procs.LOOPBACK,
+        authenticated: bool = True,
+        auth: KafkaAuth | None = None,
     ) -> None:
         self.run_dir = run_dir
+        self.auth = (auth or KafkaAuth(run_dir)) if authenticated else None
         self.port = port
         self.controller_port = controller_port
         self.heap = checked_memory(heap, f"the {name} heap")
@@ -92,6 +100,14 @@ class KafkaBroker:
     @property
     def bootstrap_servers(self) -> str:
         return f"{self.host.address}:{self.port}"
+
+    def access(self, user: str = ADMIN) -> KafkaAccess:
+        """How ``user`` connects (anyone, on a broker without authentication)."""
+        return (
+            self.auth.access(self.bootstrap_servers, user)
+            if self.auth
+            else KafkaAccess(self.bootstrap_servers)
+        )
 
     @property
     def pid(self) -> int | None:
@@ -125,12 +141,17 @@ class KafkaBroker:
     def server_properties(self) -> str:
         """The broker config. Sized for a 2-core box; quorum and replication from the methods above."""
         address = self.host.address
-        props: dict[str, object] = {
-            **self.quorum_properties(),
+        listeners: dict[str, object] = {
             "listeners": f"PLAINTEXT://{address}:{self.port},CONTROLLER://{address}:{self.controller_port}",
             "advertised.listeners": f"PLAINTEXT://{address}:{self.port}",
             "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
             "inter.broker.listener.name": "PLAINTEXT",
+        }
+        if self.auth is not None:
+            listeners = self.auth.broker_properties(address, self.port, f"{address}:{self.controller_port}")
+        props: dict[str, object] = {
+            **self.quorum_properties(),
+            **listeners,
             "controller.listener.names": "CONTROLLER",
             "log.dirs": self.data_dir,
             "num.partitions": 2,
@@ -213,6 +234,12 @@ class KafkaBroker:
                     f"{state['controller_port']}, not {self.controller_port}; use that port or delete "
                     f"{self.home} to start with an empty broker"
                 )
+            if state is not None and bool(state.get("authenticated")) != (self.auth is not None):
+                raise InfraError(
+                    f"Kafka data in {self.data_dir} was formatted "
+                    f"{'with' if self.auth is None else 'without'} authentication; delete {self.home} "
+                    "to start with an empty broker"
+                )
             if state is None or state.get("cluster_id") != formatted_id:
                 self._write_state(formatted_id)
             return formatted_id
@@ -231,6 +258,7 @@ class KafkaBroker:
             "--config",
             str(self.config_path),
             *self.format_flags(),
+            *(self.auth.format_flags() if self.auth else []),
         ]
         proc = subprocess.run(argv, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
@@ -246,7 +274,11 @@ class KafkaBroker:
         return new_cluster_id()
 
     def _write_state(self, cluster_id: str) -> None:
-        state = {"cluster_id": cluster_id, "controller_port": self.controller_port}
+        state = {
+            "cluster_id": cluster_id,
+            "controller_port": self.controller_port,
+            "authenticated": self.auth is not None,
+        }
         self.state_path.write_text(json.dumps(state, indent=2) + "\n")
 
     def start(self) -> int:
@@ -262,7 +294,7 @@ class KafkaBroker:
         classpath = self._classpath()
         self.home.mkdir(parents=True, exist_ok=True)
         self.server_log_dir.mkdir(parents=True, exist_ok=True)
-        self.config_path.write_text(self.server_properties())
+        write_private(self.config_path, self.server_properties())
         self.ensure_formatted(classpath)
         argv = [
             require_java(),
@@ -281,7 +313,7 @@ class KafkaBroker:
         from confluent_kafka.admin import AdminClient
 
         conf: dict[str, Any] = {
-            "bootstrap.servers": self.bootstrap_servers,
+            **self.access().config(),
             "socket.timeout.ms": 2000,
             "reconnect.backoff.max.ms": 500,
             "logger": LIBRDKAFKA_LOGGER,
@@ -319,6 +351,12 @@ class KafkaBroker:
             self.log_path,
             pid=pid,
         )
+        self.set_up_access()
+
+    def set_up_access(self) -> None:
+        """The topics and grants no job adds, once the broker answers (a cluster's, once all answer)."""
+        if self.auth is not None:
+            self.auth.set_up(self.bootstrap_servers)
 
     def up(self, timeout_s: float = 60) -> int:
         """start() + wait_ready(); returns the pid."""

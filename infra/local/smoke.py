@@ -26,7 +26,7 @@ def _kafka(kafka: KafkaBroker, topic: str, log: Callable[[str], None]) -> None:
     from confluent_kafka import Consumer, KafkaException, Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    common: dict[str, Any] = {"bootstrap.servers": kafka.bootstrap_servers, "logger": LIBRDKAFKA_LOGGER}
+    common: dict[str, Any] = {**kafka.access().config(), "logger": LIBRDKAFKA_LOGGER}
     admin = AdminClient(common)
     admin.create_topics([NewTopic(topic, num_partitions=2, replication_factor=1)])[topic].result(30)
     log(f"created topic {topic}")
@@ -104,7 +104,7 @@ def _spark(
         spark.sparkContext.setLogLevel("WARN")
         stream = (
             spark.readStream.format("kafka")
-            .option("kafka.bootstrap.servers", kafka.bootstrap_servers)
+            .options(**kafka.access().spark_options())
             .option("subscribe", topic)
             .option("startingOffsets", "earliest")
             .load()
@@ -173,6 +173,6 @@ def run(
     finally:
         from confluent_kafka.admin import AdminClient
 
-        conf: dict[str, Any] = {"bootstrap.servers": kafka.bootstrap_servers, "logger": LIBRDKAFKA_LOGGER}
+        conf: dict[str, Any] = {**kafka.access().config(), "logger": LIBRDKAFKA_LOGGER}
         AdminClient(conf).delete_topics([topic])
         shutil.rmtree(work_dir, ignore_errors=True)

@@ -20,6 +20,7 @@ from infra.artifacts.fetch import spark_kafka_jars
 from infra.errors import InfraError
 from infra.local import procs
 from infra.local.alertmanager import DEFAULT_GROUPING, Alertmanager, Grouping
+from infra.local.kafka_auth import KafkaAuth
 from infra.local.kafka_broker import DEFAULT_HEAP, KafkaBroker
 from infra.local.monitoring_auth import MonitoringAuth
 from infra.local.prometheus import DEFAULT_INTERVALS, Intervals, PrometheusServer
@@ -30,6 +31,9 @@ from infra.local.zipkin import ZipkinServer
 from infra.paths import ROOT, RUN_DIR
 from infra.pki import ensure_pki
 from shared.jobspec import load_job_spec
+from shared.kafka import KafkaAccess
+from shared.kafka_acl import ADMIN, SERVICE_USERS, provision_job
+from shared.settings import kafka_env
 
 if TYPE_CHECKING:
     import redis
@@ -65,6 +69,12 @@ class StackConfig:
     # The bootstrap list when Kafka is a cluster of its own (infra/cluster/); empty: the stack's one
     # broker on kafka_port.
     kafka_bootstrap: str = ""
+    # Kafka with SASL/SCRAM and ACLs (the default); False: a broker that accepts anyone (benchmarks
+    # of what authentication costs).
+    kafka_authenticated: bool = True
+    # Where Kafka's users are kept (kafka-auth/) when not under run_dir: a cluster's, shared by the
+    # services of every host.
+    kafka_users_dir: Path | None = None
     # Redis with high availability (infra/local/redis_sentinel.py): the replicas' and the Sentinels'
     # ports, beside the primary on redis_port; empty: one Redis on redis_port.
     redis_replica_ports: tuple[int, ...] = ()
@@ -86,6 +96,20 @@ class StackConfig:
     @property
     def bootstrap(self) -> str:
         return self.kafka_bootstrap or f"127.0.0.1:{self.kafka_port}"
+
+    def kafka_auth(self) -> KafkaAuth | None:
+        return KafkaAuth(self.kafka_users_dir or self.run_dir) if self.kafka_authenticated else None
+
+    @property
+    def kafka(self) -> KafkaAccess:
+        """Kafka as ``admin``: what operators, the demo and the tests use."""
+        return self.kafka_access()
+
+    def kafka_access(self, user: str = ADMIN) -> KafkaAccess:
+        """How ``user`` reaches Kafka (``admin``: operators, the demo, the tests; services get users of
+        their own)."""
+        auth = self.kafka_auth()
+        return auth.access(self.bootstrap, user) if auth is not None else KafkaAccess(self.bootstrap)
 
     @property
     def redis_url(self) -> str:
@@ -125,7 +149,12 @@ class StackConfig:
 
 def broker(cfg: StackConfig) -> KafkaBroker:
     return KafkaBroker(
-        cfg.run_dir, port=cfg.kafka_port, controller_port=cfg.controller_port, heap=cfg.kafka_heap
+        cfg.run_dir,
+        port=cfg.kafka_port,
+        controller_port=cfg.controller_port,
+        heap=cfg.kafka_heap,
+        authenticated=cfg.kafka_authenticated,
+        auth=cfg.kafka_auth(),
     )
 
 
@@ -320,10 +349,18 @@ def start_service(
     if name not in SERVICES:
         raise InfraError(f"unknown service {name!r}; the services are {', '.join(SERVICES)}")
     bind = {"SF_BIND_HOST": host.address} if host.netns else {}
-    env = {**service_env(cfg), **redis_env(cfg, name), **bind, **(extra_env or {})}
+    env = {
+        **service_env(cfg),
+        **redis_env(cfg, name),
+        **kafka_service_env(cfg, name),
+        **bind,
+        **(extra_env or {}),
+    }
     if name == "control":
         env = {**env, **dashboard_env(cfg), **(extra_env or {})}
     ensure_pki(cfg.pki_dir)  # certificates that are missing or about to expire; the rest stay
+    if cfg.job_specs and name != "control":
+        provision_spec_files(cfg, SPEC_FILE_PARTITIONS)
     return procs.start_process(
         process or name,
         [sys.executable, "-m", f"services.{name}"],
@@ -332,6 +369,21 @@ def start_service(
         cwd=ROOT,
         host=host,
     )
+
+
+def kafka_service_env(cfg: StackConfig, service: str) -> dict[str, str]:
+    """How ``service`` reaches Kafka: as its own user, whose ACLs say what it may do."""
+    return kafka_env(cfg.kafka_access(service if service in SERVICE_USERS else ADMIN))
+
+
+# The services' default topic_partitions: what they would have created the topics with.
+SPEC_FILE_PARTITIONS = 2
+
+
+def provision_spec_files(cfg: StackConfig, partitions: int) -> None:
+    """The topics and grants of the jobs in spec files, which start without control registering them."""
+    for path in cfg.job_specs:
+        provision_job(cfg.kafka_access(), load_job_spec(path), partitions)
 
 
 def redis_env(cfg: StackConfig, service: str) -> dict[str, str]:

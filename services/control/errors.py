@@ -56,6 +56,12 @@ class StoreUnavailable(ControlError):
     http_status = 503
 
 
+class KafkaUnavailable(ControlError):
+    """Kafka refused or did not answer control's administration (topics, ACLs, credentials)."""
+
+    http_status = 503
+
+
 class PathRefused(ControlError):
     """A savepoint path outside the directories control lets callers name."""
 

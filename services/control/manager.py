@@ -18,10 +18,19 @@ import threading
 from concurrent.futures import Future
 from typing import Any
 
+from confluent_kafka import KafkaException
+
 from services.control.admission import Admission
 from services.control.context import ControlContext
 from services.control.dispatch import Dispatcher, active_specs, specs_digest, wait
-from services.control.errors import ControlError, JobConflict, JobNotFound, PathRefused, SpecRejected
+from services.control.errors import (
+    ControlError,
+    JobConflict,
+    JobNotFound,
+    KafkaUnavailable,
+    PathRefused,
+    SpecRejected,
+)
 from services.control.leader import LeaderElection
 from services.control.metrics import CONTROL_INSTANCES, CONTROL_JOBS, CONTROL_LEADER
 from services.control.peers import Peers
@@ -35,6 +44,7 @@ from shared.allowed_paths import refusal, under_roots
 from shared.clock import Clock, wall_clock_ms
 from shared.jobspec import JobSpec, spec_from_json
 from shared.jobstate import ACTIVE_STATES, JobState
+from shared.kafka_acl import provision_job
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +164,7 @@ class JobManager:
         with self.placement.lock:
             jobs = self.jobs.list()
             self.admission.check_jobs(owner, jobs)
+            self.provision(spec)
             processors = self.instances.alive("processor")
             # No processor yet: the job waits CREATED and is placed when one registers.
             where = None
@@ -163,6 +174,13 @@ class JobManager:
         wait(self.dispatch.start_job(spec.id), wait_s)
         self.wake()  # ingest and the sink get the new stream
         return self.get(spec.id)
+
+    def provision(self, spec: JobSpec) -> None:
+        """The job's topics and each service's grants on them: nobody else creates topics."""
+        try:
+            provision_job(self.settings.kafka, spec, self.settings.topic_partitions)
+        except KafkaException as e:
+            raise KafkaUnavailable(f"cannot set up job {spec.id}'s Kafka topics: {e}") from e
 
     def check_output_topic(self, spec: JobSpec) -> None:
         """A job must not write into another active job's input (it would inject events there)."""

@@ -97,13 +97,13 @@ class Ingest:
         self._update: StreamsUpdate | None = None
         self.running = threading.Event()
         self._isolation = Isolation()
-        self._shapes = ValidTopicShapes(settings.kafka_bootstrap)  # what packs are cut to
+        self._shapes = ValidTopicShapes(settings.kafka)  # what packs are cut to
 
     # --- lifecycle ------------------------------------------------------------------------------
     def start(self, *, track_progress: bool = True) -> None:
         s = self.settings
         if self.streams:
-            ensure_topics(s.kafka_bootstrap, family_topics(self.streams.values()), s.topic_partitions)
+            ensure_topics(s.kafka, family_topics(self.streams.values()), s.topic_partitions)
             self._learn_valid_shapes()
         self._transactions = Transactions(s, self._guard)
         self._transactions.init()
@@ -112,7 +112,7 @@ class Ingest:
             s, self.policy, self._transactions, gate, self._isolation, self._shapes.shape
         )
         self._consumer = Consumer(
-            consumer_config(s.kafka_bootstrap, s.tuning.group_id, **self._group_config()),
+            consumer_config(s.kafka, s.tuning.group_id, **self._group_config()),
             logger=logging.getLogger("librdkafka.consumer"),
         )
         self._subscribe()
@@ -120,7 +120,7 @@ class Ingest:
             self._watermark(topic)
         if track_progress:
             self.progress = GroupProgress(
-                s.kafka_bootstrap, s.tuning.group_id, lambda: sorted(self.streams), PROGRESS_INTERVAL_MS
+                s.kafka, s.tuning.group_id, lambda: sorted(self.streams), PROGRESS_INTERVAL_MS
             )
             self.progress.start()
         self.running.set()
@@ -231,7 +231,7 @@ class Ingest:
         new = {t: d for t, d in streams.items() if self.streams.get(t) != d}
         if new:
             s = self.settings
-            ensure_topics(s.kafka_bootstrap, family_topics(new.values()), s.topic_partitions)
+            ensure_topics(s.kafka, family_topics(new.values()), s.topic_partitions)
         resubscribe = set(streams) != set(self.streams)
         self.streams = streams
         if new:

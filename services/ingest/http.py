@@ -111,7 +111,7 @@ class HttpIngest:
         self._gate = RecordGate(catalog.tracer)
         self.producer = Producer(
             {
-                "bootstrap.servers": s.kafka_bootstrap,
+                **s.kafka.config(),
                 "enable.idempotence": True,  # broker retries never duplicate a posted event
                 "acks": "all",
                 "linger.ms": 5,
@@ -343,7 +343,7 @@ def create_app(gateway: HttpIngest, tracer: trace.Tracer | None = None) -> FastA
     @app.get("/readyz", tags=["health"])
     def readyz(gw: GatewayDep) -> JSONResponse:
         """Ready: the Kafka loop runs and the broker answers a metadata request."""
-        checks = {"loop": gw.catalog.is_running(), "kafka": check_metadata(settings.kafka_bootstrap)}
+        checks = {"loop": gw.catalog.is_running(), "kafka": check_metadata(settings.kafka)}
         ready = all(checks.values())
         return JSONResponse(status_code=200 if ready else 503, content={"ready": ready, "checks": checks})
 

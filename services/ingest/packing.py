@@ -16,7 +16,7 @@ from zlib import crc32
 
 from confluent_kafka import KafkaException
 
-from shared.kafka import topic_shape
+from shared.kafka import KafkaAccess, topic_shape
 from shared.packs import PACK_FRAMING_BYTES
 
 log = logging.getLogger(__name__)
@@ -95,8 +95,8 @@ class ValidTopicShapes:
     would hold it open. A topic that cannot be described is (0, 0): its packs go to any partition, at
     valid_pack_bytes, and it is asked again ``SHAPE_RETRY_S`` later (``due``)."""
 
-    def __init__(self, bootstrap: str) -> None:
-        self._bootstrap = bootstrap
+    def __init__(self, kafka: KafkaAccess) -> None:
+        self._kafka = kafka
         self._shapes: dict[str, tuple[int, int]] = {}
         self.retry_at: float | None = None  # time.monotonic(): when to ask again for unknown ones
 
@@ -109,7 +109,7 @@ class ValidTopicShapes:
             if shapes.get(topic, (0, 0)) != (0, 0):
                 continue
             try:
-                shapes[topic] = topic_shape(self._bootstrap, topic, timeout_s=SHAPE_TIMEOUT_S)
+                shapes[topic] = topic_shape(self._kafka, topic, timeout_s=SHAPE_TIMEOUT_S)
             except (KafkaException, TimeoutError) as e:
                 log.warning("cannot describe %s (its packs go to any partition for now): %s", topic, e)
                 unknown = True

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from services.ingest.watermark import PartitionProgress
+from shared.kafka import KafkaAccess
 from shared.metrics import CONSUMER_LAG
 
 log = logging.getLogger(__name__)
@@ -32,13 +33,13 @@ class GroupProgress:
     """Polls committed offsets (with their metadata) and end offsets every ``interval_ms``."""
 
     def __init__(
-        self, bootstrap: str, group_id: str, topics: Callable[[], list[str]], interval_ms: int
+        self, kafka: KafkaAccess, group_id: str, topics: Callable[[], list[str]], interval_ms: int
     ) -> None:
         self._topics = topics
         self._interval_s = interval_ms / 1000
         self._consumer = Consumer(
             {
-                "bootstrap.servers": bootstrap,
+                **kafka.config(),
                 "group.id": group_id,  # only to read the group's offsets: it never subscribes or joins
                 # read_uncommitted: return the last committed offsets at once instead of waiting for
                 # the transactions the replicas have in flight (read_committed would block on them).

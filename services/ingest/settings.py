@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 from pydantic import AfterValidator, Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
+from shared import constants
 from shared.settings import BaseServiceSettings, tuning_field
 
 # The timeout ingest gives its blocking Kafka calls (transactions, committed offsets).
@@ -38,7 +39,7 @@ class IngestTuning:
     """Internal constants of ingest, each with its reason."""
 
     # Every replica's consumer group; tests isolate theirs.
-    group_id: str = "sf-ingest"
+    group_id: str = constants.INGEST_GROUP_ID
     # A batch is what was already fetched, else the first record within batch_max_wait_ms, plus what
     # arrives within batch_linger_ms, up to batch_max_records; then one transaction.
     batch_max_records: Annotated[int, Field(ge=1)] = 5_000

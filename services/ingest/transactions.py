@@ -18,6 +18,7 @@ from services.ingest.errors import FatalKafkaError, IngestError
 from services.ingest.isolation import RECORD_ERRORS
 from services.ingest.packing import ANY_PARTITION
 from services.ingest.settings import KAFKA_TIMEOUT_S, MAX_MESSAGE_BYTES, IngestSettings
+from shared import constants
 from shared.kafka import first_offsets
 from shared.metrics import backpressure
 
@@ -42,8 +43,8 @@ class Transactions:
         self._delivery_errors: list[KafkaError] = []  # of the current transaction (failures only)
         self.producer = Producer(
             {
-                "bootstrap.servers": settings.kafka_bootstrap,
-                "transactional.id": f"sf-ingest-{settings.instance_id}",
+                **settings.kafka.config(),
+                "transactional.id": f"{constants.INGEST_TRANSACTIONAL_PREFIX}{settings.instance_id}",
                 "transaction.timeout.ms": settings.tuning.transaction_timeout_ms,
                 "enable.idempotence": True,
                 "linger.ms": 5,

@@ -119,11 +119,9 @@ class Sink:
             # Not fatal: the first write loads it, and until Redis answers consumption stays paused.
             log.warning("redis not reachable at start (%s); writes wait for it", e)
         self._ensure_topics(self._topics)
-        self._dead_letters.open(s.kafka_bootstrap)
+        self._dead_letters.open(s.kafka)
         self._consumer = Consumer(
-            consumer_config(
-                s.kafka_bootstrap, s.tuning.group_id, **{"session.timeout.ms": s.kafka_session_timeout_ms}
-            ),
+            consumer_config(s.kafka, s.tuning.group_id, **{"session.timeout.ms": s.kafka_session_timeout_ms}),
             logger=logging.getLogger("librdkafka.consumer"),
         )
         self._subscribe(self._topics)
@@ -170,9 +168,7 @@ class Sink:
 
     def _ensure_topics(self, topics: list[str]) -> None:
         s = self.settings
-        ensure_topics(
-            s.kafka_bootstrap, [*topics, *(constants.dlq_topic(t) for t in topics)], s.topic_partitions
-        )
+        ensure_topics(s.kafka, [*topics, *(constants.dlq_topic(t) for t in topics)], s.topic_partitions)
 
     def _subscribe(self, topics: list[str]) -> None:
         assert self._consumer is not None

@@ -14,7 +14,7 @@ from confluent_kafka import KafkaError, Message, Producer
 from services.sink.cache import CacheEntry
 from services.sink.errors import DeadLetterError
 from shared import constants
-from shared.kafka import coordinates, dead_letter_headers, dead_letter_headers_of
+from shared.kafka import KafkaAccess, coordinates, dead_letter_headers, dead_letter_headers_of
 from shared.metrics import DLQ_EVENTS
 
 log = logging.getLogger(__name__)
@@ -30,9 +30,9 @@ class DeadLetters:
         self._producer: Producer | None = None
         self._failures: list[str] = []
 
-    def open(self, bootstrap: str) -> None:
+    def open(self, kafka: KafkaAccess) -> None:
         self._producer = Producer(
-            {"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5},
+            {**kafka.config(), "enable.idempotence": True, "linger.ms": 5},
             logger=logging.getLogger("librdkafka.producer"),
         )
 

@@ -20,7 +20,7 @@ class SinkTuning:
     """Internal constants of the sink, each with its reason."""
 
     # Every replica's consumer group; tests isolate theirs.
-    group_id: str = "sf-sink"
+    group_id: str = constants.SINK_GROUP_ID
     # A batch is what was already fetched, else the first update within batch_max_wait_ms, plus what
     # arrives within batch_linger_ms, up to batch_max_records; it never waits past the next commit.
     batch_max_records: Annotated[int, Field(ge=1)] = 2_000

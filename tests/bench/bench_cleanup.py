@@ -49,12 +49,12 @@ def run_one(cfg: StackConfig, control: Control, factor: int) -> dict[str, Any]:
         },
     )
     job_id = f"cleanup{factor}-{uuid.uuid4().hex[:6]}"
-    ensure_topics(cfg.bootstrap, [job_id, f"{job_id}.valid"], partitions=1)
+    ensure_topics(cfg.kafka, [job_id, f"{job_id}.valid"], partitions=1)
     control.submit(
         workload.spec(job_id, workload.COUNT_ONLY, trigger_mode="real_time", trigger_interval="10s")
     )
     try:
-        load = Load(cfg.bootstrap, job_id, keys=KEYS)
+        load = Load(cfg.kafka, job_id, keys=KEYS)
         with MarkerWatch(cfg.redis_url, job_id) as watch:
             load.run(RATE, WARMUP_S, MARKERS_PER_S)
             began = time.time()

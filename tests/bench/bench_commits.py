@@ -54,14 +54,14 @@ def main() -> dict[str, Any]:
     cfg = services_up()
     client = redis.Redis.from_url(cfg.redis_url)
     job_id = f"commits-{uuid.uuid4().hex[:6]}"
-    ensure_topics(cfg.bootstrap, [job_id, f"{job_id}.valid"], partitions=1)
+    ensure_topics(cfg.kafka, [job_id, f"{job_id}.valid"], partitions=1)
     out: dict[str, Any] = {"settings_ms": [list(x) for x in SETTINGS_MS], "rates": list(RATES), "points": {}}
     with Control(cfg) as control:
         warm_up(cfg, control)
         spec = workload.spec(job_id, workload.COUNT_ONLY, trigger_mode="real_time", trigger_interval="30s")
         control.submit(spec)
         try:
-            load = Load(cfg.bootstrap, job_id)
+            load = Load(cfg.kafka, job_id)
             with MarkerWatch(cfg.redis_url, job_id) as watch:
                 for linger, interval in SETTINGS_MS:
                     tuning = {"batch_linger_ms": linger, "transaction_interval_ms": interval}

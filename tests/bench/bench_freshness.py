@@ -80,7 +80,7 @@ def measure_mode(cfg: StackConfig, control: Control, client: redis.Redis, mode: 
     spec = workload.spec(job_id, workload.COUNT_ONLY, **MODES[mode])
     # One partition each: a real-time windowed query holds a task slot per source partition plus one
     # for its state, for as long as it runs, and the processor has two (local[2]).
-    ensure_topics(cfg.bootstrap, [job_id, f"{job_id}.valid"], partitions=1)
+    ensure_topics(cfg.kafka, [job_id, f"{job_id}.valid"], partitions=1)
     try:
         control.submit(spec)
     except SpecRefused as e:
@@ -93,7 +93,7 @@ def measure_mode(cfg: StackConfig, control: Control, client: redis.Redis, mode: 
     }
     since_ms = int(time.time() * 1000)
     try:
-        load = Load(cfg.bootstrap, job_id)
+        load = Load(cfg.kafka, job_id)
         with MarkerWatch(cfg.redis_url, job_id) as watch:
             for i, rate in enumerate(RATES):
                 load.run(rate, WARMUP_S if i == 0 else RATE_CHANGE_S, MARKERS_PER_S)
@@ -111,9 +111,9 @@ def measure_mode(cfg: StackConfig, control: Control, client: redis.Redis, mode: 
                 }
             outcome = load.wait_exact(client, job_id)
             output_prefix = f"{job_id}|".encode()
-            valid = first_timestamps(cfg.bootstrap, constants.valid_topic(job_id), since_ms, _marker_key)
+            valid = first_timestamps(cfg.kafka, constants.valid_topic(job_id), since_ms, _marker_key)
             output = first_timestamps(
-                cfg.bootstrap,
+                cfg.kafka,
                 JobSpec.model_validate(spec).output_topic,
                 since_ms,
                 lambda k: _marker_key(k[len(output_prefix) :]) if k.startswith(output_prefix) else None,
@@ -141,10 +141,10 @@ def _marker_key(key: bytes) -> str | None:
 def warm_up(cfg: StackConfig, control: Control) -> None:
     """Every JVM and service past its JIT warm-up: 1,000 events/s through a throwaway job."""
     job_id = f"fresh-warmup-{uuid.uuid4().hex[:6]}"
-    ensure_topics(cfg.bootstrap, [job_id, f"{job_id}.valid"], partitions=1)
+    ensure_topics(cfg.kafka, [job_id, f"{job_id}.valid"], partitions=1)
     control.submit(workload.spec(job_id, workload.COUNT_ONLY))
     try:
-        Load(cfg.bootstrap, job_id).run(RATES[0], STACK_WARMUP_S, MARKERS_PER_S)
+        Load(cfg.kafka, job_id).run(RATES[0], STACK_WARMUP_S, MARKERS_PER_S)
     finally:
         control.cancel(job_id)
 

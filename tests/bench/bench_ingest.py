@@ -29,7 +29,7 @@ from services.ingest.consumer import Ingest
 from services.ingest.settings import IngestSettings
 from services.ingest.streams import StreamDefinition
 from shared.constants import dlq_topic, late_topic, valid_topic
-from shared.kafka import consumer_config, ensure_topics, next_offsets
+from shared.kafka import client_config, consumer_config, ensure_topics, next_offsets
 from shared.packs import events_of
 from tests.bench.stack import infra_up
 from tests.kafka_util import read_all
@@ -57,7 +57,7 @@ def _events(n: int) -> list[bytes]:
 
 
 def _fill(bootstrap: str, topic: str, values: list[bytes]) -> float:
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "compression.type": "lz4"})
+    producer = Producer({**client_config(bootstrap), "linger.ms": 20, "compression.type": "lz4"})
     started = time.perf_counter()
     for i, v in enumerate(values):
         while True:
@@ -92,7 +92,7 @@ def _raw_loop(bootstrap: str, topic: str, transactional: bool) -> float:
     ensure_topics(bootstrap, [out], PARTITIONS)
     group = f"bench-{uuid.uuid4().hex[:8]}"
     consumer = Consumer(consumer_config(bootstrap, group))
-    config: dict[str, object] = {"bootstrap.servers": bootstrap, "linger.ms": 5, "compression.type": "lz4"}
+    config: dict[str, object] = {**client_config(bootstrap), "linger.ms": 5, "compression.type": "lz4"}
     if transactional:
         config |= {"transactional.id": group, "enable.idempotence": True}
     producer = Producer(config)
@@ -162,18 +162,17 @@ def _count(bootstrap: str, topic: str) -> int:
 def main() -> dict[str, float | str | bool]:
     cfg = infra_up(redis=False)
     topic = f"bench{uuid.uuid4().hex[:8]}"
-    ensure_topics(cfg.bootstrap, [topic], PARTITIONS)
+    ensure_topics(cfg.kafka, [topic], PARTITIONS)
     values = _events(RECORDS)
-    fill_rate = _fill(cfg.bootstrap, topic, values)
-    raw_plain = _raw_loop(cfg.bootstrap, topic, transactional=False)
-    raw_txn = _raw_loop(cfg.bootstrap, topic, transactional=True)
-    ingest = _ingest(cfg.bootstrap, topic)
+    fill_rate = _fill(cfg.kafka, topic, values)
+    raw_plain = _raw_loop(cfg.kafka, topic, transactional=False)
+    raw_txn = _raw_loop(cfg.kafka, topic, transactional=True)
+    ingest = _ingest(cfg.kafka, topic)
     written = {
-        "raw_plain": _count(cfg.bootstrap, f"{topic}.raw-plain"),
-        "raw_transactional": _count(cfg.bootstrap, f"{topic}.raw-txn"),
-        "ingest_valid": _count(cfg.bootstrap, valid_topic(topic)),
-        "ingest_dlq_and_late": _count(cfg.bootstrap, dlq_topic(topic))
-        + _count(cfg.bootstrap, late_topic(topic)),
+        "raw_plain": _count(cfg.kafka, f"{topic}.raw-plain"),
+        "raw_transactional": _count(cfg.kafka, f"{topic}.raw-txn"),
+        "ingest_valid": _count(cfg.kafka, valid_topic(topic)),
+        "ingest_dlq_and_late": _count(cfg.kafka, dlq_topic(topic)) + _count(cfg.kafka, late_topic(topic)),
     }
     return {
         "records": RECORDS,

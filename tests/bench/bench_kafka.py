@@ -21,7 +21,7 @@ import zlib
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from shared.kafka import FETCH_QUEUE_BACKOFF_MS, ensure_topics
+from shared.kafka import FETCH_QUEUE_BACKOFF_MS, client_config, ensure_topics
 from tests.bench.bench_ingest import _events
 from tests.bench.stack import fast_producer, infra_up, produce_all
 
@@ -38,7 +38,7 @@ def consume_all(
 ) -> tuple[float, list[bytes]]:
     consumer = Consumer(
         {
-            "bootstrap.servers": bootstrap,
+            **client_config(bootstrap),
             "group.id": f"bench-raw-{uuid.uuid4().hex[:8]}",
             "enable.auto.commit": False,
             "auto.offset.reset": "earliest",
@@ -66,9 +66,9 @@ def main() -> dict[str, object]:
     cfg = infra_up(redis=False)
     values = _events(RECORDS)
     topic = f"raw-{uuid.uuid4().hex[:8]}"
-    ensure_topics(cfg.bootstrap, [topic], PARTITIONS)
-    produce_s = produce_all(fast_producer(cfg.bootstrap), topic, values)
-    consume_s, got = consume_all(cfg.bootstrap, topic, RECORDS)
+    ensure_topics(cfg.kafka, [topic], PARTITIONS)
+    produce_s = produce_all(fast_producer(cfg.kafka), topic, values)
+    consume_s, got = consume_all(cfg.kafka, topic, RECORDS)
     exact = len(got) == RECORDS and _checksum(got) == _checksum(values)
     return {
         "records": RECORDS,

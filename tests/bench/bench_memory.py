@@ -64,13 +64,13 @@ def main() -> dict[str, Any]:
     client = redis.Redis.from_url(cfg.redis_url)
     deleted = forget_earlier_results(client)
     job_id = f"memory-{uuid.uuid4().hex[:6]}"
-    ensure_topics(cfg.bootstrap, [job_id], partitions=1)
+    ensure_topics(cfg.kafka, [job_id], partitions=1)
     start_ms = workload.window_of(workload.now_ms() - WINDOWS * workload.WINDOW_MS)
     data = events(start_ms)
     spec = workload.spec(job_id, workload.COUNT_ONLY, watermark={"max_out_of_orderness": "10m"})
     with Control(cfg) as control, job(control, spec):
         started = time.perf_counter()
-        produce_all(fast_producer(cfg.bootstrap), job_id, data.records)
+        produce_all(fast_producer(cfg.kafka), job_id, data.records)
         outcome = workload.wait_for_oracle(
             workload.RedisWindows(client, job_id),
             len(data.records),

@@ -48,14 +48,14 @@ def run_burst(
     """One job, one warm-up, one burst of ``events``; the burst's figures (see the module doc)."""
     job_id = f"burst-{label}-{uuid.uuid4().hex[:6]}"
     spec = workload.spec(job_id, aggregations)
-    ensure_topics(cfg.bootstrap, [job_id], partitions=1)
+    ensure_topics(cfg.kafka, [job_id], partitions=1)
     start_ms = workload.window_of(workload.now_ms() - 3_600_000)
     warm = workload.generate(WARMUP_EVENTS, start_ms=start_ms - 60_000, span_ms=10_000, seed=3)
     data = workload.generate(events, start_ms=start_ms, span_ms=SPAN_MS)
     oracle = (warm + data).values
     names = workload.output_names(aggregations)
     windows = workload.RedisWindows(client, job_id)
-    producer = fast_producer(cfg.bootstrap)
+    producer = fast_producer(cfg.kafka)
     with job(control, spec):
         started = time.perf_counter()
         produce_all(producer, job_id, warm.records)

@@ -34,7 +34,7 @@ from services.processor.jobs.query import start_query
 from services.processor.settings import ProcessorSettings
 from services.processor.spark.session import build_spark
 from shared.jobspec import JobSpec
-from shared.kafka import ensure_topics
+from shared.kafka import client_config, ensure_topics
 from tests.bench.bench_spark import drain_backlog
 
 _OFFSET = int(os.environ.get("SF_TEST_PORT_OFFSET", "0")) + 60
@@ -77,7 +77,7 @@ def _consume_latencies(
 ) -> None:
     consumer = Consumer(
         {
-            "bootstrap.servers": bootstrap,
+            **client_config(bootstrap),
             "group.id": f"bench-{uuid.uuid4().hex[:8]}",
             "auto.offset.reset": "earliest",
             "fetch.wait.max.ms": 5,
@@ -107,7 +107,7 @@ def measure_latency(
     spec = _stateless(f"lat-{mode.replace('_', '')}-{uuid.uuid4().hex[:6]}", mode, interval)
     ensure_topics(bootstrap, [spec.source.valid_topic, spec.output_topic], partitions=1)
     query = start_query(spark, spec, bootstrap, str(work / spec.id), max_offsets=100_000)
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
+    producer = Producer({**client_config(bootstrap), "linger.ms": 0})
     latencies: list[float] = []
     stop = threading.Event()
     total = RATE_PER_S * LATENCY_SECONDS
@@ -155,7 +155,7 @@ def measure_latency(
 
 def measure_throughput(spark: SparkSession, bootstrap: str, spec: JobSpec, work: Path) -> dict[str, Any]:
     ensure_topics(bootstrap, [spec.source.valid_topic, spec.output_topic], partitions=2)
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.num.messages": 10_000})
+    producer = Producer({**client_config(bootstrap), "linger.ms": 20, "batch.num.messages": 10_000})
     base = 1_767_225_600_000
     for i in range(BACKLOG):
         ts = base + i * 5  # 200 events per second of event time: 100 10-second windows per sensor
@@ -178,7 +178,7 @@ def main() -> dict[str, float | str]:
     b.start()
     b.wait_ready()
     settings = ProcessorSettings(
-        spark_ui_port=14040 + _OFFSET, kafka_bootstrap=CFG.bootstrap, **processor_jvm_settings()
+        spark_ui_port=14040 + _OFFSET, kafka_bootstrap=CFG.kafka, **processor_jvm_settings()
     )
     spark = build_spark(settings, [str(p) for p in spark_kafka_jars()])
     spark.sparkContext.setLogLevel("ERROR")
@@ -193,7 +193,7 @@ def main() -> dict[str, float | str]:
             ("micro_batch_100ms", "micro_batch", "100ms"),
             ("micro_batch_1s", "micro_batch", "1s"),
         ):
-            for k, v in measure_latency(spark, CFG.bootstrap, mode, interval, work).items():
+            for k, v in measure_latency(spark, CFG.kafka, mode, interval, work).items():
                 out[f"latency_{label}_{k}"] = v
         windowed = _spec(
             f"tp-win-{uuid.uuid4().hex[:6]}",
@@ -205,10 +205,10 @@ def main() -> dict[str, float | str]:
             ],
             trigger_interval="100ms",
         )
-        for k, v in measure_throughput(spark, CFG.bootstrap, windowed, work).items():
+        for k, v in measure_throughput(spark, CFG.kafka, windowed, work).items():
             out[f"throughput_windowed_{k}"] = v
         stateless = _stateless(f"tp-sl-{uuid.uuid4().hex[:6]}", "micro_batch", "100ms")
-        for k, v in measure_throughput(spark, CFG.bootstrap, stateless, work).items():
+        for k, v in measure_throughput(spark, CFG.kafka, stateless, work).items():
             out[f"throughput_stateless_{k}"] = v
         out["load_average_1m"] = round(os.getloadavg()[0], 1)
     finally:

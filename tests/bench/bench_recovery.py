@@ -261,12 +261,12 @@ def measure(cfg: StackConfig, variant: str, env: dict[str, str] | None = None) -
     sent to it (nothing lost or counted twice by the crash)."""
     client = redis.Redis.from_url(cfg.redis_url)
     job_id = f"recovery-{variant.replace('_', '-')}-{uuid.uuid4().hex[:6]}"
-    ensure_topics(cfg.bootstrap, [job_id], partitions=1)
+    ensure_topics(cfg.kafka, [job_id], partitions=1)
     with Control(cfg) as control, job(control, workload.spec(job_id, workload.COUNT_ONLY)):
         # The job runs on the stack's processor (the only one yet); the standby comes after it.
         if variant in STANDBY_VARIANTS and not procs.is_running(STANDBY_PROCESSOR, cfg.run_dir):
             start_standby_processor(cfg)  # warms up (a throwaway job of its own) before it registers
-        load = Load(cfg.bootstrap, job_id)
+        load = Load(cfg.kafka, job_id)
         with MarkerWatch(cfg.redis_url, job_id) as watch:
             load.run(RATE, WARMUP_S, MARKERS_PER_S)
             kills = [

@@ -23,6 +23,7 @@ from confluent_kafka import Producer
 
 from shared import constants
 from shared.jobspec import JobSpec
+from shared.kafka import client_config
 from tests.bench import workload
 from tests.bench.stack import Control, services_up
 
@@ -34,7 +35,7 @@ TARGET_AFTER_OOO_S = 5.0
 def send_live(bootstrap: str, topic: str) -> dict[tuple[str, int], int]:
     """Events stamped with their send time, 0-500 ms earlier (disorder within the bound); the counts
     per (key, window start)."""
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    producer = Producer({**client_config(bootstrap), "linger.ms": 5})
     rng = random.Random(5)
     counts: dict[tuple[str, int], int] = {}
     end = time.monotonic() + SEND_S
@@ -61,7 +62,7 @@ def main() -> dict[str, Any]:
     with Control(cfg) as control:
         control.submit(spec)
         try:
-            counts = send_live(cfg.bootstrap, job_id)
+            counts = send_live(cfg.kafka, job_id)
             ended = time.time()
             last = {k: max(s for kk, s in counts if kk == k) for k in KEYS}
             final_at: dict[str, float] = {}

@@ -139,8 +139,8 @@ def main() -> dict[str, float | str]:
         job = f"bench{uuid.uuid4().hex[:6]}"
         updates = processor_like_stream(job, batches=300, keys=100, open_windows=3)
         topic = f"{job}.aggregates"
-        ensure_topics(CFG.bootstrap, [topic], PARTITIONS)
-        produce_updates(CFG.bootstrap, topic, updates)
+        ensure_topics(CFG.kafka, [topic], PARTITIONS)
+        produce_updates(CFG.kafka, topic, updates)
         expected = newest_per_window(updates)
         client = redis.Redis.from_url(CFG.redis_url)
         out["updates"] = len(updates)
@@ -150,9 +150,7 @@ def main() -> dict[str, float | str]:
             ("cache_off", 0),
         ):
             client.flushdb()
-            for name, value in drain(
-                CFG.bootstrap, CFG.redis_url, topic, job, len(updates), cache_bytes
-            ).items():
+            for name, value in drain(CFG.kafka, CFG.redis_url, topic, job, len(updates), cache_bytes).items():
                 out[f"{mode}_{name}"] = value
             out[f"{mode}_equals_oracle"] = str(stored(client, job) == expected)
         out.update(cache_memory(updates))

@@ -138,17 +138,17 @@ def main() -> dict[str, Any]:
     raw = f"spark-{uuid.uuid4().hex[:6]}"
     start_ms = workload.window_of(workload.now_ms() - 3_600_000)
     data = workload.generate(EVENTS, start_ms=start_ms, span_ms=SPAN_MS)
-    ensure_topics(cfg.bootstrap, [raw], partitions=1)  # one raw order, as the pipeline's raw topic
-    produce_all(fast_producer(cfg.bootstrap), raw, data.records)
+    ensure_topics(cfg.kafka, [raw], partitions=1)  # one raw order, as the pipeline's raw topic
+    produce_all(fast_producer(cfg.kafka), raw, data.records)
     fill_spec = JobSpec.model_validate(workload.spec(raw, workload.COUNT_ONLY))
     out: dict[str, Any] = {
         "events": EVENTS,
         "keys": workload.KEYS,
         "windows": len(data.values),
-        "ingest_fill_events_per_s": round(fill_valid(cfg.bootstrap, fill_spec, EVENTS)),
+        "ingest_fill_events_per_s": round(fill_valid(cfg.kafka, fill_spec, EVENTS)),
     }
     settings = ProcessorSettings(
-        kafka_bootstrap=cfg.bootstrap,
+        kafka_bootstrap=cfg.kafka,
         spark_ui_port=cfg.spark_ui_port + 1,
         **processor_jvm_settings(),  # as the service starts its JVM
     )
@@ -169,18 +169,18 @@ def main() -> dict[str, Any]:
             spec = JobSpec.model_validate(
                 workload.spec(job_id, aggs, topic=raw, output_topic=f"{job_id}.out")
             )
-            ensure_topics(cfg.bootstrap, [spec.output_topic], partitions=2)
+            ensure_topics(cfg.kafka, [spec.output_topic], partitions=2)
             checkpoint = cfg.run_dir / "spark-alone" / job_id
             result = drain_backlog(
                 spark,
                 spec,
-                cfg.bootstrap,
+                cfg.kafka,
                 checkpoint,
                 EVENTS,
                 settings.tuning.max_offsets_per_trigger,
                 settings.tuning.max_records_per_read_task,
             )
-            found = workload.problems(newest_windows(cfg.bootstrap, spec.output_topic), data.values, aggs)
+            found = workload.problems(newest_windows(cfg.kafka, spec.output_topic), data.values, aggs)
             out[label] = {**result, "exact": not found, "problems": found}
     finally:
         spark.stop()

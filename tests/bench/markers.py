@@ -28,6 +28,7 @@ import redis
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 
 from shared import constants
+from shared.kafka import client_config
 from shared.packs import events_of
 from tests.bench import workload
 
@@ -48,8 +49,8 @@ class Load:
         # Background events are batched as a client's default linger.ms batches them; markers must not
         # wait for a batch, so they get their own producer that sends at once (one producer for both
         # would send a request every few ms and load the broker on the cores the stack under test uses).
-        self.producer = Producer({"bootstrap.servers": bootstrap})
-        self.marker_producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 1})
+        self.producer = Producer({**client_config(bootstrap)})
+        self.marker_producer = Producer({**client_config(bootstrap), "linger.ms": 1})
         self.keys = [f"k{i:04d}" for i in range(keys)]
         self.counts: Counter[workload.Window] = Counter()
         self.markers: list[Marker] = []
@@ -175,7 +176,7 @@ def first_timestamps(
     """
     consumer = Consumer(
         {
-            "bootstrap.servers": bootstrap,
+            **client_config(bootstrap),
             "group.id": f"bench-stages-{time.time_ns()}",
             "enable.auto.commit": False,
             "enable.partition.eof": True,

@@ -180,6 +180,7 @@ def markdown(parts: dict[str, Part], commit: str) -> str:
         + _silence_md(parts.get("silence"))
         + _hdfs_md(parts.get("hdfs"))
         + _hosts_md(parts.get("hosts"))
+        + _auth_md(parts.get("auth"))
     )
     loads = [
         f"{name} {p['load_average_1m']['start']}-{p['load_average_1m']['end']}"
@@ -394,6 +395,30 @@ def _hosts_md(part: Part | None) -> list[str]:
         f"| {part.get('host')} | {part.get('failover_s')} s | {fresh} | 10 s | {checked} |",
         "",
     ]
+
+
+def _auth_md(part: Part | None) -> list[str]:
+    out = ["### Kafka authentication (SASL/SCRAM and ACLs) on and off", ""]
+    if part is None or "error" in part:
+        return [*out, "not run" if part is None else f"failed: {part['error']}", ""]
+    rows = [
+        "| Kafka | burst events/s | freshness p50 / p99 (micro-batch, per rate) | checked |",
+        "|---|---:|---|---|",
+    ]
+    for label, key in (("authenticated", "authenticated"), ("open to anyone", "open")):
+        m = part.get(key, {})
+        burst = m.get("burst", {})
+        points = (m.get("freshness") or {}).get("points", {})
+        fresh = "; ".join(
+            f"{int(rate):,}/s: {_ms(p.get('p50_ms'))} / {_ms(p.get('p99_ms'))}" for rate, p in points.items()
+        )
+        checked = (
+            "exact" if burst.get("exact") and (m.get("freshness") or {}).get("exact") else "**NOT exact**"
+        )
+        rows.append(f"| {label} | {_rate(burst.get('events_per_s'))} | {fresh or '-'} | {checked} |")
+    ratio = part.get("burst_ratio")
+    verdict = f"{ratio:.0%} of the open broker's burst (target: at least 90 %)" if ratio else "no ratio"
+    return [*out, *rows, "", f"Authenticated: {verdict}.", ""]
 
 
 # --- the chart ------------------------------------------------------------------------------------

@@ -35,19 +35,24 @@ from infra.local.stack import (
 from infra.local.stack import zipkin_server as _zipkin_server
 from infra.paths import RUN_DIR
 from shared import constants
+from shared.kafka import client_config
 
 OFFSET = int(os.environ.get("SF_TEST_PORT_OFFSET", "0"))
 _SHIFT = OFFSET + 70
-RUN = RUN_DIR / (f"bench-e2e-{OFFSET}" if OFFSET else "bench-e2e")
+# SF_BENCH_KAFKA_AUTH=off: the report's stack on a broker without authentication, in a run dir of its
+# own (a broker's storage is formatted with its users or without).
+KAFKA_AUTH = os.environ.get("SF_BENCH_KAFKA_AUTH", "on") != "off"
+RUN = RUN_DIR / ("bench-e2e" + (f"-{OFFSET}" if OFFSET else "") + ("" if KAFKA_AUTH else "-noauth"))
 
 
 def config() -> StackConfig:
     return config_at(RUN, _SHIFT)
 
 
-def config_at(run: Path, shift: int) -> StackConfig:
+def config_at(run: Path, shift: int, *, kafka_authenticated: bool = KAFKA_AUTH) -> StackConfig:
     """A stack in ``run`` on the test ports shifted by ``shift`` (the chaos run has its own)."""
     return StackConfig(
+        kafka_authenticated=kafka_authenticated,
         run_dir=run,
         kafka_port=19092 + shift,
         controller_port=19093 + shift,
@@ -250,7 +255,7 @@ def fast_producer(bootstrap: str) -> Producer:
     """
     return Producer(
         {
-            "bootstrap.servers": bootstrap,
+            **client_config(bootstrap),
             "linger.ms": 5,
             "batch.size": 1_000_000,
             "queue.buffering.max.messages": 1_000_000,

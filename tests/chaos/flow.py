@@ -12,6 +12,7 @@ from typing import Any
 import redis
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
+from shared.kafka import client_config
 from tests.bench.workload import RedisWindows
 
 INGEST_GROUP = "sf-ingest"
@@ -26,7 +27,7 @@ class Flow:
         # coordinator (its NOT_COORDINATOR handling needs a consumer group: librdkafka issue #5040).
         self.offsets = Consumer(
             {
-                "bootstrap.servers": bootstrap,
+                **client_config(bootstrap),
                 "group.id": INGEST_GROUP,
                 "enable.auto.commit": False,
                 "socket.timeout.ms": 5000,

@@ -40,7 +40,7 @@ from infra.local.stack import (
     start_service,
     wait_service_ready,
 )
-from shared.kafka import ensure_topics
+from shared.kafka import client_config, ensure_topics
 from tests.bench.stack import Control
 from tests.bench.workload import RedisWindows
 from tests.kafka_util import read_all
@@ -385,7 +385,7 @@ def produce_paced(
 ) -> None:
     """Send every input's records at ``rate`` (or, once ``until()`` holds, stop early and truncate
     each input to what it sent), then a closer per input."""
-    producer = Producer({"bootstrap.servers": cfg.bootstrap, "enable.idempotence": True, "linger.ms": 5})
+    producer = Producer({**client_config(cfg.kafka), "enable.idempotence": True, "linger.ms": 5})
     order = [(d, r) for d in inputs for r in range(len(d.records))]
     order.sort(key=lambda p: p[1] / len(p[0].records))  # the three jobs advance together
     started = time.monotonic()
@@ -455,9 +455,9 @@ def judge(
         if not (wrong or lost or extra) or time.monotonic() > deadline:
             break
         time.sleep(2)
-    dlq = read_all(cfg.bootstrap, f"{data.job_id}.dlq", min_count=want.dead_letters, timeout_s=60)
+    dlq = read_all(cfg.kafka, f"{data.job_id}.dlq", min_count=want.dead_letters, timeout_s=60)
     late_records = read_all(
-        cfg.bootstrap, f"{data.job_id}.late", min_count=sum(want.late_ids.values()), timeout_s=60
+        cfg.kafka, f"{data.job_id}.late", min_count=sum(want.late_ids.values()), timeout_s=60
     )
     late_found = Counter(int(orjson.loads(m.value())["id"]) for m in late_records)
     examples = [f"wrong {w}: {got[w]} != {want.windows[w]}" for w in wrong[:3]]
@@ -497,7 +497,7 @@ def run(
     specs = {d.job_id: spec_for(d.job_id, d.kind) for d in inputs}
     with Control(cfg) as control:
         for data in inputs:
-            ensure_topics(cfg.bootstrap, [data.job_id, f"{data.job_id}.valid"], partitions=1)
+            ensure_topics(cfg.kafka, [data.job_id, f"{data.job_id}.valid"], partitions=1)
             control.submit(specs[data.job_id])
         ceiling = " at most" if plan.load_after_faults_s is not None else ""
         records = sum(len(d.records) for d in inputs)

@@ -26,6 +26,7 @@ from infra.cluster import topology as cluster
 from infra.cluster.topology import ClusterConfig
 from infra.local import procs
 from infra.local.stack import StackConfig, redis_client
+from shared.kafka import client_config
 from shared.proto import streamforge_pb2 as pb
 from shared.proto import streamforge_pb2_grpc as pb_grpc
 from shared.tls import TlsIdentity
@@ -98,7 +99,7 @@ def _memory(cfg: ClusterConfig) -> dict[str, float]:
 
 
 def _admin(cfg: ClusterConfig) -> AdminClient:
-    return AdminClient({"bootstrap.servers": cfg.bootstrap, "socket.timeout.ms": 5000})
+    return AdminClient({**client_config(cfg.kafka), "socket.timeout.ms": 5000})
 
 
 def test_topology_replicates_topics_and_spreads_work_over_the_cluster(topology: ClusterConfig) -> None:
@@ -117,7 +118,7 @@ def test_topology_replicates_topics_and_spreads_work_over_the_cluster(topology: 
     # replication factor and min ISR, not 1.
     from shared.kafka import ensure_topics
 
-    ensure_topics(cfg.bootstrap, ["cluster-probe"], partitions=2)
+    ensure_topics(cfg.kafka, ["cluster-probe"], partitions=2)
     # Metadata right after creation may not list the partitions yet: ask until it does.
     procs.wait_for(
         lambda: (
@@ -193,7 +194,7 @@ class ClusterFaults(Faults):
         self.actions = list(FAULTS)
         self.gap_s = GAP_S
         self.admin = _admin(topo)
-        self.flow = Flow(topo.bootstrap, redis_client(cfg), specs, FLOW_TIMEOUT_S)
+        self.flow = Flow(topo.kafka, redis_client(cfg), specs, FLOW_TIMEOUT_S)
         self.warmup_s: float | None = None
 
     def run(self) -> None:

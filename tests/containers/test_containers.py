@@ -121,7 +121,7 @@ def _hdfs_list(cfg: StackConfig, path: str) -> list[str]:
 
 def _submit(cfg: StackConfig, api: Client, name: str) -> None:
     """The page-views job ``name``, submitted to control and running."""
-    ensure_topics(cfg.bootstrap, [name], partitions=1)
+    ensure_topics(cfg.kafka, [name], partitions=1)
     api.submit(PAGE_VIEWS_SPEC.format(name=name), wait=True)
     api.wait_for(name, "RUNNING", timeout_s=180)
 
@@ -193,7 +193,7 @@ def service_containers(
     image_refs: dict[str, str],
     tmp_path: Path,
 ) -> Iterator[dict[str, str]]:
-    tls = tls_dirs(tmp_path / "pki", tmp_path / "tls")
+    tls = tls_dirs(tmp_path / "pki", tmp_path / "tls", credentials.kafka_passwords)
     names: dict[str, str] = {}
     try:
         for service in kube.SERVICES:

@@ -38,7 +38,7 @@ def page_views_services(
     spec_path = tmp_path / "job.yaml"
     spec_path.write_text(PAGE_VIEWS_SPEC.format(name=name))
     cfg = dataclasses.replace(stack_cfg, job_specs=(spec_path,))
-    ensure_topics(cfg.bootstrap, [name], partitions=1)  # one raw order: see infra/demo/__main__.py
+    ensure_topics(cfg.kafka, [name], partitions=1)  # one raw order: see infra/demo/__main__.py
     try:
         for service in services:
             start_service(cfg, service, extra_env)

@@ -147,7 +147,7 @@ def test_killing_the_sink_under_load_fires_service_down_on_the_dashboard_and_res
     shots = stack.run_dir
     alert = '[data-testid="alert"][data-alertname="ServiceDown"][data-service="sink"]'
     sink_up = '[data-testid="instance"][data-service="sink"][data-up="up"]'
-    with Load(stack.bootstrap, unique), sync_playwright() as p:
+    with Load(stack.kafka, unique), sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})

@@ -177,7 +177,7 @@ def test_control_killed_mid_job_restarts_with_jobs_and_results_intact(stack: Sta
     data = click_events(3_000, start_ms=START_MS, span_ms=40_000, max_disorder_ms=2_000, seed=5)
     half = len(data.records) // 2
     first, second = data.good[:half], data.good[half:]
-    produce_all(cfg.bootstrap, topic, data.records[:half])
+    produce_all(cfg.kafka, topic, data.records[:half])
     with stack.http() as http:
         wait_for("first results", lambda: sum(results(http, job_id).values()) > 0, 120, cfg)
         before = http.get(f"/jobs/{job_id}").json()
@@ -185,7 +185,7 @@ def test_control_killed_mid_job_restarts_with_jobs_and_results_intact(stack: Sta
     kill9(cfg, "control")
     down_at = time.monotonic()
     # The data plane does not need control: the second half flows while it is down.
-    produce_all(cfg.bootstrap, topic, data.records[half:])
+    produce_all(cfg.kafka, topic, data.records[half:])
     # Down this long, gRPC's default reconnect backoff would have the services try control again
     # ~5 s after it is back, past its grace (the heartbeat timeout): all of them marked lost.
     time.sleep(max(0.0, CONTROL_DOWN_S - (time.monotonic() - down_at)))
@@ -228,7 +228,7 @@ def test_processor_heartbeats_stop_job_fails_over_and_resumes_from_its_checkpoin
     job_id, topic, first_processor = job["id"], job["spec"]["source"]["topic"], job["processor"]
     data = click_events(4_000, start_ms=START_MS, span_ms=60_000, max_disorder_ms=3_000, seed=9)
     half = len(data.records) // 2
-    produce_all(cfg.bootstrap, topic, data.records[:half])
+    produce_all(cfg.kafka, topic, data.records[:half])
     with stack.http() as http:
         wait_for("first results", lambda: sum(results(http, job_id).values()) > 0, 120, cfg)
 
@@ -240,7 +240,7 @@ def test_processor_heartbeats_stop_job_fails_over_and_resumes_from_its_checkpoin
         lost = {r["instance_id"]: r["health"] for r in http.get("/services").json()["services"]}
         assert lost[first_processor] == "lost"
 
-        produce_all(cfg.bootstrap, topic, data.records[half:])  # arrives while no processor runs
+        produce_all(cfg.kafka, topic, data.records[half:])  # arrives while no processor runs
         start(cfg, "processor", stack.tag)
         running = wait_for(
             "RUNNING again", lambda: (s := status(http, job_id))["state"] == "RUNNING" and s, 240, cfg

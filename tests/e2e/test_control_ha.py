@@ -157,7 +157,7 @@ def produce_over(
 
     def run() -> None:
         for i in range(0, len(records), size):
-            produce_all(cfg.bootstrap, topic, records[i : i + size])
+            produce_all(cfg.kafka, topic, records[i : i + size])
             time.sleep(pause_s)
 
     thread = threading.Thread(target=run, name="producer", daemon=True)
@@ -176,7 +176,7 @@ def test_leader_killed_under_load_standby_takes_over_without_restarting_jobs(sta
     job_id, topic, processor = job["id"], job["spec"]["source"]["topic"], job["processor"]
     data = click_events(4_000, start_ms=START_MS, span_ms=60_000, max_disorder_ms=2_000, seed=21)
     quarter = len(data.records) // 4
-    produce_all(cfg.bootstrap, topic, data.records[:quarter])
+    produce_all(cfg.kafka, topic, data.records[:quarter])
     with stack.http("control-2") as standby:
         wait_for("first results", lambda: sum(results(standby, job_id).values()) > 0, 120, cfg)
         registered = {i: r["registered_at_ms"] for i, r in alive_services(standby).items()}
@@ -207,7 +207,7 @@ def test_leader_killed_under_load_standby_takes_over_without_restarting_jobs(sta
         second = sdk.submit(stack.specs["submitted"])
         assert second["state"] == "RUNNING" and sdk.url == stack.api["control-2"], second
     more = click_events(1_500, start_ms=START_MS, span_ms=30_000, max_disorder_ms=2_000, seed=22)
-    produce_all(cfg.bootstrap, second["spec"]["source"]["topic"], more.records)
+    produce_all(cfg.kafka, second["spec"]["source"]["topic"], more.records)
     with stack.http("control-2") as leader:
         want = oracle_window_counts(more.good, 5_000)
         got = wait_for("exact results", lambda: (r := results(leader, second["id"])) == want and r, 180, cfg)
@@ -225,7 +225,7 @@ def test_a_paused_leader_does_not_act_after_it_resumes(stack: Stack) -> None:
         job = sdk.submit(stack.specs["paused"])
     job_id, topic = job["id"], job["spec"]["source"]["topic"]
     data = click_events(2_000, start_ms=START_MS, span_ms=30_000, max_disorder_ms=2_000, seed=23)
-    produce_all(cfg.bootstrap, topic, data.records[: len(data.records) // 2])
+    produce_all(cfg.kafka, topic, data.records[: len(data.records) // 2])
     with httpx.Client(base_url=stack.api[leader], headers=HEADERS, timeout=5) as http:
         term = http.get("/leader").json()["term"]
         before = http.get(f"/jobs/{job_id}").json()
@@ -257,7 +257,7 @@ def test_a_paused_leader_does_not_act_after_it_resumes(stack: Stack) -> None:
     with httpx.Client(base_url=stack.api[leader], headers=HEADERS, timeout=5) as http:
         resumed = http.get("/leader").json()
     assert resumed["leader"] is False and resumed["term"] > term, resumed
-    produce_all(cfg.bootstrap, topic, data.records[len(data.records) // 2 :])
+    produce_all(cfg.kafka, topic, data.records[len(data.records) // 2 :])
     with stack.http(other) as http:
         expected = oracle_window_counts(data.good, 5_000)
         got = wait_for("exact results", lambda: (r := results(http, job_id)) == expected and r, 180, cfg)

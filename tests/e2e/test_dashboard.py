@@ -151,7 +151,7 @@ def test_dashboard_numbers_move_with_the_data_and_the_chart_equals_the_oracle(
             page.goto(dashboard_url)
             page.wait_for_selector('[data-testid="status"].ok', timeout=15_000)
 
-            produce_all(pipeline.bootstrap, spec.source.topic, first.records)
+            produce_all(pipeline.kafka, spec.source.topic, first.records)
             records_1 = _wait(
                 "the first round's records",
                 lambda: (
@@ -168,7 +168,7 @@ def test_dashboard_numbers_move_with_the_data_and_the_chart_equals_the_oracle(
             seen_throughput: list[float] = []
             step = len(second.records) // 6
             for i in range(0, len(second.records), step):
-                produce_all(pipeline.bootstrap, spec.source.topic, second.records[i : i + step])
+                produce_all(pipeline.kafka, spec.source.topic, second.records[i : i + step])
                 page.wait_for_timeout(700)
                 seen_throughput.append(_number(page, "throughput", unique) or 0.0)
                 if i == 3 * step:

@@ -28,8 +28,9 @@ from infra.local.stack import StackConfig, ingest_token, service_env
 from infra.paths import ROOT
 from infra.pki import ensure_pki
 from shared import constants
-from shared.kafka import ensure_topics
+from shared.kafka import client_config, ensure_topics
 from shared.packs import events_of
+from shared.settings import kafka_env
 from tests.kafka_util import read_all, read_valid
 
 pytestmark = pytest.mark.e2e
@@ -61,6 +62,7 @@ class Replicas:
     def start(self, replica: str, metrics_port: int, http_port: int = 0) -> None:
         env = {
             **service_env(self.cfg),
+            **kafka_env(self.cfg.kafka),  # admin: the test's own consumer group is no service's
             "SF_INGEST_JOB_SPECS": orjson.dumps([str(self.spec)]).decode(),
             "SF_INGEST_INSTANCE_ID": f"{self.topic}-{replica}",
             "SF_INGEST_TUNING": orjson.dumps({"group_id": f"g-{self.topic}", **self.tuning}).decode(),
@@ -162,9 +164,7 @@ class Load(threading.Thread):
 
     def run(self) -> None:
         try:
-            producer = Producer(
-                {"bootstrap.servers": self.bootstrap, "linger.ms": 5, "enable.idempotence": True}
-            )
+            producer = Producer({**client_config(self.bootstrap), "linger.ms": 5, "enable.idempotence": True})
             chunk = max(1, self.per_second // 20)
             for start in range(0, self.n, chunk):
                 for i in range(start, min(self.n, start + chunk)):
@@ -186,9 +186,7 @@ class Load(threading.Thread):
 
 def wait_caught_up(bootstrap: str, group: str, topic: str, timeout_s: float, why: str = "") -> None:
     """Until the group has committed every record of the raw topic (records and offsets go together)."""
-    consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": group, "isolation.level": "read_committed"}
-    )
+    consumer = Consumer({**client_config(bootstrap), "group.id": group, "isolation.level": "read_committed"})
     try:
         partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
         tps = [TopicPartition(topic, p) for p in partitions]
@@ -210,7 +208,7 @@ def count_including_aborted(bootstrap: str, topic: str, timeout_s: float = 60) -
     """Data records of a topic as a read_uncommitted reader sees them: aborted ones included."""
     consumer = Consumer(
         {
-            "bootstrap.servers": bootstrap,
+            **client_config(bootstrap),
             "group.id": f"peek-{time.monotonic_ns()}",
             "isolation.level": "read_uncommitted",
             "auto.offset.reset": "earliest",

@@ -42,7 +42,7 @@ def test_events_through_all_services_equal_the_oracle(running_stack: StackConfig
     expected = oracle_window_counts(data.good, spec.window.size)
     assert sum(1 for _ in expected) >= 12 * 3  # several windows and keys, or the test proves little
 
-    produce_all(cfg.bootstrap, spec.source.topic, data.records)
+    produce_all(cfg.kafka, spec.source.topic, data.records)
 
     got: dict[tuple[str, int], int] = {}
     deadline = time.monotonic() + 180
@@ -55,7 +55,7 @@ def test_events_through_all_services_equal_the_oracle(running_stack: StackConfig
             time.sleep(1)
     assert got == expected, _logs(cfg)
 
-    dead = read_all(cfg.bootstrap, spec.source.dlq_topic, min_count=len(data.bad))
+    dead = read_all(cfg.kafka, spec.source.dlq_topic, min_count=len(data.bad))
     assert sorted(m.value() for m in dead) == sorted(data.bad)
     for name in SERVICES:
         assert procs.is_running(name, cfg.run_dir), f"{name} died: {_logs(cfg)}"

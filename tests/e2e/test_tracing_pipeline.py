@@ -34,6 +34,7 @@ from infra.local.stack import StackConfig
 from infra.local.zipkin import ZipkinServer
 from services.control.results import read_results
 from shared.jobspec import load_job_spec
+from shared.kafka import client_config
 from shared.tracing import TRACEPARENT
 from tests.e2e.stack_util import page_views_services
 
@@ -76,7 +77,7 @@ def test_a_sampled_event_is_one_trace_across_the_real_services_in_zipkin(
 
     # The producer's side of the trace: a sampled W3C traceparent (flags 01) on one event only.
     trace_id, producer_span_id = secrets.token_hex(16), secrets.token_hex(8)
-    producer = Producer({"bootstrap.servers": cfg.bootstrap})
+    producer = Producer({**client_config(cfg.kafka)})
     for i, e in enumerate(events):
         headers: list[tuple[str, str | bytes | None]] | None = (
             [(TRACEPARENT, f"00-{trace_id}-{producer_span_id}-01".encode())] if i == SAMPLED_INDEX else None

@@ -123,7 +123,7 @@ class HostFaults(Faults):
         self.kafka = hosts.kafka(topo)
         self.actions = list(FAULTS)
         self.gap_s = GAP_S
-        self.flow = Flow(cfg.bootstrap, redis_client(cfg), specs, FLOW_TIMEOUT_S)
+        self.flow = Flow(cfg.kafka, redis_client(cfg), specs, FLOW_TIMEOUT_S)
         counted = [j for j, s in specs.items() if s.get("emit") is None]
         self.counts = MonotonicWatch(redis_client(cfg), counted, "n", every_s=0.5)
         self.warmup_s: float | None = None

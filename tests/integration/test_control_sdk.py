@@ -17,6 +17,7 @@ from client.cli import app as cli
 from client.sdk import Client, ClientError, Job, count, tumbling
 from services.control.api import create_app
 from services.control.plane import ControlPlane
+from shared.settings import kafka_env
 from tests.integration import test_control_fakes as fakes
 from tests.integration.test_control_fakes import (
     READ_TOKEN,
@@ -148,7 +149,8 @@ def test_cli_commands(
 def test_cli_produces_sample_data_and_tails_it(
     kafka_bootstrap: str, unique: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("SF_KAFKA_BOOTSTRAP", kafka_bootstrap)
+    for name, value in kafka_env(kafka_bootstrap).items():
+        monkeypatch.setenv(name, value)
     runner = CliRunner()
     produced = runner.invoke(cli, ["produce", unique, "--events", "300", "--bad-every", "100"])
     assert produced.exit_code == 0, produced.output

@@ -12,6 +12,7 @@ from confluent_kafka import Producer
 
 from infra.local.stack import StackConfig, broker, zipkin_server
 from infra.local.zipkin import ZipkinServer
+from shared.kafka import client_config
 from tests.kafka_util import read_all
 
 
@@ -30,7 +31,7 @@ def test_the_broker_extracts_its_native_libraries_into_its_own_directory(
     tmpdir = _tmpdir_of(b.pid)
     assert tmpdir == b.home / "tmp"
     # An lz4 batch (ingest's compression): the broker decompresses it to validate its records.
-    producer = Producer({"bootstrap.servers": kafka_bootstrap, "compression.type": "lz4"})
+    producer = Producer({**client_config(kafka_bootstrap), "compression.type": "lz4"})
     producer.produce(unique, key=b"k", value=b"v" * 1_000)
     assert producer.flush(30) == 0
     assert [r.value() for r in read_all(kafka_bootstrap, unique, min_count=1)] == [b"v" * 1_000]

@@ -23,7 +23,7 @@ from services.ingest.consumer import Ingest
 from services.ingest.settings import IngestSettings
 from services.ingest.streams import StreamDefinition
 from shared import constants
-from shared.kafka import ensure_topics
+from shared.kafka import client_config, ensure_topics
 from shared.packs import partition_for
 from shared.tracing import TRACEPARENT, flush_tracing, is_sampled_traceparent, setup_tracing
 from tests.kafka_util import produce_all, read_all, read_valid
@@ -145,7 +145,7 @@ def test_forwarded_events_are_packed_in_their_keys_partitions_in_order(
     stream = stream_definition(unique)
     ensure_topics(kafka_bootstrap, [stream.topic], partitions=1)
     good = [{"page": f"/p{i % 7}", "ts": BASE_MS + i, "v": i} for i in range(2_000)]
-    producer = Producer({"bootstrap.servers": kafka_bootstrap, "linger.ms": 20})
+    producer = Producer({**client_config(kafka_bootstrap), "linger.ms": 20})
     for i, e in enumerate(good):
         producer.produce(
             stream.topic, orjson.dumps(e), headers=[("x-note", b"alone")] if i == 1_000 else None
@@ -193,7 +193,7 @@ def test_streams_from_control_pack_to_their_valid_topics_shape(kafka_bootstrap: 
     transaction)."""
     stream = stream_definition(unique)
     ensure_topics(kafka_bootstrap, [stream.topic], partitions=1)
-    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    admin = AdminClient({**client_config(kafka_bootstrap)})
     valid = stream.source.valid_topic
     small = NewTopic(valid, num_partitions=2, replication_factor=1, config={"max.message.bytes": "4096"})
     admin.create_topics([small])[valid].result(30)
@@ -303,7 +303,7 @@ def test_traced_records_carry_their_receive_span_downstream(kafka_bootstrap: str
     producer_trace = "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"
     events = [orjson.dumps({"page": "/a", "ts": BASE_MS + i}) for i in range(5)]
     produce_all(kafka_bootstrap, stream.topic, events[:4])
-    p = Producer({"bootstrap.servers": kafka_bootstrap})
+    p = Producer({**client_config(kafka_bootstrap)})
     p.produce(stream.topic, value=events[4], headers=[(TRACEPARENT, producer_trace.encode())])
     assert p.flush(10) == 0
 
@@ -346,7 +346,7 @@ def test_transactions_are_spaced_by_the_interval_at_low_rates(kafka_bootstrap: s
         ingest.start()
         try:
             drain(ingest, 0, timeout_s=0)  # joined and caught up before the trickle begins
-            producer = Producer({"bootstrap.servers": kafka_bootstrap, "linger.ms": 0})
+            producer = Producer({**client_config(kafka_bootstrap), "linger.ms": 0})
 
             def trickle() -> None:
                 for i in range(150):

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from services.ingest import validate as v
 from services.ingest.consumer import Ingest
 from shared import constants
-from shared.kafka import ensure_topics
+from shared.kafka import client_config, ensure_topics
 from tests.integration.test_ingest import BASE_MS, drain, ingest_settings, stream_definition
 from tests.kafka_util import read_all, read_valid
 
@@ -88,7 +88,7 @@ def mixed_batches(draw: st.DrawFn) -> list[tuple[bytes | None, str | None]]:
 
 def produce_with_offsets(bootstrap: str, topic: str, values: list[bytes | None]) -> list[int]:
     offsets: list[int] = [-1] * len(values)
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5})
+    producer = Producer({**client_config(bootstrap), "enable.idempotence": True, "linger.ms": 5})
 
     def delivered(i: int) -> Any:
         def report(err: Any, msg: Any) -> None:

@@ -17,7 +17,7 @@ import pytest
 from confluent_kafka import Producer
 
 from services.ingest.consumer import Ingest
-from shared.kafka import ensure_topics
+from shared.kafka import client_config, ensure_topics
 from tests.integration.test_ingest import BASE_MS, drain, ingest_settings, stream_definition
 from tests.kafka_util import read_all
 
@@ -68,7 +68,7 @@ def test_the_late_set_is_the_same_whatever_the_batch_size_pace_or_restarts(
     events = _input()
     expected = _oracle(events)
     assert 10 <= len(expected) <= EVENTS // 4  # the input exercises both sides
-    producer = Producer({"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True, "linger.ms": 1})
+    producer = Producer({**client_config(kafka_bootstrap), "enable.idempotence": True, "linger.ms": 1})
 
     got: dict[str, set[int]] = {}
     for batch in (1, 100, 5_000):

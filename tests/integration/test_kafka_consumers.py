@@ -9,7 +9,7 @@ import time
 import pytest
 from confluent_kafka import Consumer, Producer
 
-from shared.kafka import consumer_config, ensure_topics
+from shared.kafka import client_config, consumer_config, ensure_topics
 
 pytestmark = pytest.mark.integration
 
@@ -18,7 +18,7 @@ RECORDS = 30
 
 def _one_record_a_batch(bootstrap: str, topic: str, n: int) -> None:
     """``n`` records, each in a record batch of its own (flushed one by one)."""
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
+    producer = Producer({**client_config(bootstrap), "linger.ms": 0})
     for i in range(n):
         producer.produce(topic, b"x" * 100, key=b"%d" % i)
         producer.flush(10)

@@ -48,7 +48,7 @@ from shared.errors import SpecError
 from shared.fences import fence_of
 from shared.grpc_server import HealthServedGrpcServer
 from shared.jobspec import JobSpec, parse_job_spec, with_id
-from shared.kafka import admin, ensure_topics
+from shared.kafka import admin, client_config, ensure_topics
 from shared.proto import streamforge_pb2 as pb
 from shared.proto import streamforge_pb2_grpc as pb_grpc
 from shared.records import WindowResult
@@ -161,7 +161,7 @@ def test_commands_metrics_savepoint_and_restores_are_exact(
     part2 = events("/a", BASE + 5_000, 150, step=53) + events("/b", BASE + 1_000, 90, step=211)
     part3 = events("/b", BASE + 2_000, 40)
     send(kafka_bootstrap, topic, part1[1:])
-    traced = Producer({"bootstrap.servers": kafka_bootstrap})  # one event carries a sampled trace
+    traced = Producer({**client_config(kafka_bootstrap)})  # one event carries a sampled trace
     traced.produce(
         f"{topic}.valid", key=b"/a", value=orjson.dumps(part1[0]), headers=[(TRACEPARENT, SAMPLED.encode())]
     )

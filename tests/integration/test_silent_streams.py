@@ -30,7 +30,7 @@ from services.ingest.consumer import Ingest
 from services.ingest.streams import StreamDefinition
 from services.processor.jobs.query import start_query
 from shared.jobspec import JobSpec
-from shared.kafka import ensure_topics
+from shared.kafka import client_config, ensure_topics
 from shared.packs import ADVANCE_FIELD
 from shared.records import WindowResult
 from tests.integration.test_ingest import ingest_settings
@@ -129,7 +129,7 @@ def test_the_last_windows_of_a_silent_stream_close_exactly_and_later_too_late_ev
     assert all(s.watermark.idle_timeout_ms == OOO_MS for s in specs)
     ensure_topics(kafka_bootstrap, [topic], partitions=2)
     ensure_topics(kafka_bootstrap, [s.output_topic for s in specs], partitions=1)
-    producer = Producer({"bootstrap.servers": kafka_bootstrap, "linger.ms": 5})
+    producer = Producer({**client_config(kafka_bootstrap), "linger.ms": 5})
     streams = [d for s in specs for d in StreamDefinition.of_job(s)]
     with running_ingest(kafka_bootstrap, topic, streams):
         queries = [
@@ -187,7 +187,7 @@ def test_a_stream_with_one_partition_still_busy_is_not_advanced(kafka_bootstrap:
     """Flink's idleness semantics: one silent partition does not move the stream; all silent do."""
     spec = spec_for(unique, "tumbling")
     ensure_topics(kafka_bootstrap, [spec.source.topic], partitions=2)
-    producer = Producer({"bootstrap.servers": kafka_bootstrap, "linger.ms": 5})
+    producer = Producer({**client_config(kafka_bootstrap), "linger.ms": 5})
     with running_ingest(kafka_bootstrap, unique, StreamDefinition.of_job(spec)):
         first = send_live(producer, spec.source.topic, [0], seconds=0.5, seed=1)
         busy = send_live(producer, spec.source.topic, [1], seconds=4 * OOO_MS / 1000, seed=2)

@@ -30,7 +30,7 @@ from services.sink.settings import SinkSettings
 from services.sink.writer import LIBRARY, UPSERT_FUNCTION, ResultWriter
 from shared import constants
 from shared.grpc_server import HealthServedGrpcServer
-from shared.kafka import ensure_topics
+from shared.kafka import client_config, ensure_topics
 from shared.proto import streamforge_pb2 as pb
 from shared.proto import streamforge_pb2_grpc as pb_grpc
 from shared.records import WindowResult
@@ -100,7 +100,7 @@ def produce_updates(bootstrap: str, topic: str, updates: Iterable[WindowResult])
 
 def committed(bootstrap: str, group: str, topic: str, partitions: int) -> dict[int, int]:
     """The group's committed offset per partition (0 when nothing was committed)."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    c = Consumer({**client_config(bootstrap), "group.id": group, "enable.auto.commit": False})
     try:
         tps = c.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=10)
     finally:
@@ -595,7 +595,7 @@ def test_a_redis_write_joins_the_traces_of_the_sampled_updates_it_carries(
     tracer = setup_tracing("sink", cast(TracingSettings, settings), exporter=exporter)
     traced, untraced = update(unique, "a", 0, 1, 10), update(unique, "b", 0, 1, 20)
     trace_id = "ab" * 16
-    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    producer = Producer({**client_config(kafka_bootstrap)})
     producer.produce(topic, traced.to_json(), headers=[(TRACEPARENT, f"00-{trace_id}-{'cd' * 8}-01")])
     producer.produce(topic, untraced.to_json())
     assert producer.flush(30) == 0

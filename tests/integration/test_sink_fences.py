@@ -18,7 +18,7 @@ from services.processor.jobs.fence import publish_fence
 from services.sink.consumer import Sink
 from shared import constants
 from shared.fences import FENCES_KEY, HDR_FENCE_EPOCH
-from shared.kafka import ensure_topics
+from shared.kafka import client_config, ensure_topics
 from shared.records import WindowResult
 from tests.integration.test_sink import (
     oracle,
@@ -148,7 +148,7 @@ def test_a_malformed_fence_is_a_dead_letter_and_fences_nothing(
 ) -> None:
     from confluent_kafka import Producer
 
-    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    producer = Producer({**client_config(kafka_bootstrap)})
     producer.produce(topic, key=b"x", value=b"{}", headers=[(HDR_FENCE_EPOCH, b"nine")], partition=0)
     assert producer.flush(10) == 0
     del producer

@@ -33,7 +33,7 @@ from services.processor.tracing import (
     spark_progress_times,
     spark_sampled_traceparent_sql,
 )
-from shared.kafka import ensure_topics
+from shared.kafka import as_access, client_config, ensure_topics
 from shared.tracing import (
     TRACEPARENT,
     flush_tracing,
@@ -159,7 +159,7 @@ def test_sampled_traceparents_reach_the_batch_span_and_the_window_headers(
     ensure_topics(kafka_bootstrap, [source, sink], partitions=1)
     base = 1_767_225_600_000
     records = _records(base)
-    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    producer = Producer({**client_config(kafka_bootstrap)})
     for key, value, headers in records:
         producer.produce(source, key=key, value=value, headers=headers or None)
     assert producer.flush(30) == 0
@@ -186,7 +186,7 @@ def test_sampled_traceparents_reach_the_batch_span_and_the_window_headers(
     spark.streams.addListener(listener)
     raw = (
         spark.readStream.format("kafka")
-        .option("kafka.bootstrap.servers", kafka_bootstrap)
+        .options(**as_access(kafka_bootstrap).spark_options())
         .option("subscribe", source)
         .option("startingOffsets", "earliest")
         .option("includeHeaders", "true")
@@ -219,7 +219,7 @@ def test_sampled_traceparents_reach_the_batch_span_and_the_window_headers(
     query = (
         out.writeStream.format("kafka")
         .queryName(unique)
-        .option("kafka.bootstrap.servers", kafka_bootstrap)
+        .options(**as_access(kafka_bootstrap).spark_options())
         .option("topic", sink)
         .option("checkpointLocation", str(tmp_path / "checkpoint"))
         .outputMode("update")

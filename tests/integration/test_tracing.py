@@ -39,7 +39,7 @@ from services.control.results import read_results
 from services.ingest.tracing import ReceiveSpans, RecordGate
 from services.sink.tracing import redis_write_span
 from shared import constants
-from shared.kafka import consumer_config, ensure_topics, is_record
+from shared.kafka import client_config, consumer_config, ensure_topics, is_record
 from shared.records import WindowResult
 from shared.settings import BaseServiceSettings
 from shared.tracing import (
@@ -78,7 +78,7 @@ def _consume(bootstrap: str, topic: str, group: str, count: int, timeout_s: floa
 def run_ingest(a: argparse.Namespace) -> None:
     tracer = setup_tracing(a.service, BaseServiceSettings())
     gate = RecordGate(tracer)
-    producer = Producer({"bootstrap.servers": a.bootstrap})
+    producer = Producer({**client_config(a.bootstrap)})
     for batch in _consume(a.bootstrap, a.source, f"{a.service}-g", a.count):
         roots = gate.roots(len(batch))
         receipts = ReceiveSpans(tracer)
@@ -98,7 +98,7 @@ def run_processor(a: argparse.Namespace) -> None:
     tracer = setup_tracing(a.service, BaseServiceSettings())
     records = [m for batch in _consume(a.bootstrap, a.source, f"{a.service}-g", a.count) for m in batch]
     traceparents = [tp for m in records if (tp := sampled_traceparent(m.headers())) is not None]
-    producer = Producer({"bootstrap.servers": a.bootstrap})
+    producer = Producer({**client_config(a.bootstrap)})
     with batch_span(tracer, f"micro-batch {a.job}", traceparents, attributes={"sf.batch_id": 0}):
         counts: Counter[tuple[str, int]] = Counter()
         window_trace: dict[tuple[str, int], str] = {}
@@ -204,7 +204,7 @@ def test_a_sampled_event_is_one_trace_across_three_services_in_zipkin(
             tracing_exporter="zipkin", tracing_endpoint=zipkin.spans_endpoint, tracing_sample_ratio=1.0
         )
         client = setup_tracing(f"client-{unique}", client_settings)
-        producer = Producer({"bootstrap.servers": kafka_bootstrap})
+        producer = Producer({**client_config(kafka_bootstrap)})
         for i, e in enumerate(events):
             if i == SAMPLED_INDEX:
                 with client.start_as_current_span("produce click") as span:

@@ -29,7 +29,7 @@ from services.ingest.streams import StreamDefinition
 from services.processor.jobs.plan import _group_columns
 from shared import constants
 from shared.jobspec import JobSpec
-from shared.kafka import admin, ensure_topics
+from shared.kafka import admin, client_config, ensure_topics
 from tests.integration.test_ingest import BASE_MS, HTTP_TOKEN, ingest_settings, metric
 from tests.integration.test_processor import spark  # noqa: F401  (the session fixture)
 from tests.kafka_util import read_all, read_valid
@@ -56,7 +56,7 @@ def event(i: int, a: str = "x", b: str = "y", **more: Any) -> dict[str, Any]:
 
 
 def produce(bootstrap: str, topic: str, values: list[bytes]) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap, "message.max.bytes": 1_048_000})
+    producer = Producer({**client_config(bootstrap), "message.max.bytes": 1_048_000})
     for value in values:
         producer.produce(topic, value=value, partition=0)
     assert producer.flush(30) == 0

@@ -77,3 +77,20 @@ def test_openapi_documents_every_endpoint_and_the_spec_body() -> None:
     assert set(body) == {"application/json", "application/yaml"}
     assert "JobSpec" in schema["components"]["schemas"]
     assert "HTTPBearer" in schema["components"]["securitySchemes"]
+
+
+def test_producer_credentials_need_the_write_scope_and_name_only_minted_users() -> None:
+    token = "write-token-0123456789"
+    settings = ControlSettings(
+        kafka_bootstrap="127.0.0.1:1",
+        redis_url="redis://127.0.0.1:1/0",
+        grpc_port=0,
+        tokens={token: ["read", "write"]},
+    )
+    with TestClient(create_app(settings)) as client:
+        assert client.post("/producers/page-views").status_code == 401
+        assert client.delete("/producers/sf-producer-0123456789ab").status_code == 401
+        auth = {"Authorization": f"Bearer {token}"}
+        refused = client.delete("/producers/admin", headers=auth)  # a service's user is never revoked
+        assert refused.status_code == 404 and "not a producer minted by control" in refused.json()["detail"]
+        assert client.post("/producers/page-views", headers=auth).status_code == 503  # no job store

@@ -15,6 +15,7 @@ from infra.artifacts import fetch
 from infra.cluster.spark_standalone import SparkMaster, SparkWorker
 from infra.errors import InfraError
 from infra.local import procs
+from infra.local.kafka_auth import KafkaAuth
 from infra.local.kafka_broker import KafkaBroker, new_cluster_id
 from infra.local.redis_server import RedisServer
 from infra.local.stack import STANDBY_PROCESSOR, StackConfig, service_env, standby_env
@@ -180,8 +181,13 @@ def test_server_properties_single_node_kraft(tmp_path: Path) -> None:
     props = _props(broker.server_properties())
     assert props["process.roles"] == "broker,controller"
     assert props["node.id"] == "1"
-    assert props["listeners"] == "PLAINTEXT://127.0.0.1:19092,CONTROLLER://127.0.0.1:19093"
-    assert props["advertised.listeners"] == "PLAINTEXT://127.0.0.1:19092"
+    assert props["listeners"] == "CLIENT://127.0.0.1:19092,CONTROLLER://127.0.0.1:19093"
+    assert props["advertised.listeners"] == "CLIENT://127.0.0.1:19092"
+    assert props["listener.security.protocol.map"] == "CLIENT:SASL_PLAINTEXT,CONTROLLER:SASL_PLAINTEXT"
+    assert props["sasl.enabled.mechanisms"] == "SCRAM-SHA-512"
+    assert props["sasl.mechanism.controller.protocol"] == "PLAIN"
+    assert props["allow.everyone.if.no.acl.found"] == "false"
+    assert props["super.users"] == "User:admin"
     assert props["controller.quorum.bootstrap.servers"] == "127.0.0.1:19093"
     assert "controller.quorum.voters" not in props  # incompatible with `format --standalone`
     assert props["log.dirs"] == str(tmp_path / "kafka" / "data")
@@ -196,6 +202,22 @@ def test_server_properties_single_node_kraft(tmp_path: Path) -> None:
     assert props["group.initial.rebalance.delay.ms"] == "0"
     assert props["auto.create.topics.enable"] == "true"
     assert broker.bootstrap_servers == "127.0.0.1:19092"
+    open_props = _props(KafkaBroker(tmp_path, authenticated=False).server_properties())
+    assert open_props["listeners"] == "PLAINTEXT://127.0.0.1:9092,CONTROLLER://127.0.0.1:9093"
+    assert "authorizer.class.name" not in open_props
+
+
+def test_kafka_users_are_kept_private_per_run_dir(tmp_path: Path) -> None:
+    auth = KafkaAuth(tmp_path)
+    password_file = auth.password_file("ingest")
+    assert password_file.stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / "kafka-auth" / "users.json").stat().st_mode & 0o777 == 0o600
+    assert KafkaAuth(tmp_path).passwords() == auth.passwords()  # kept, not regenerated
+    access = auth.access("127.0.0.1:1", "ingest")
+    assert access.config()["sasl.password"] == password_file.read_text().strip()
+    assert auth.passwords()["ingest"] not in repr(access) + str(access)
+    flags = auth.format_flags()
+    assert flags.count("--add-scram") == len(auth.passwords())
 
 
 def test_jvm_options(tmp_path: Path) -> None:

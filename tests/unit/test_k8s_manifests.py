@@ -178,10 +178,13 @@ def test_local_manifests_run_on_the_given_ports_with_real_secrets(tmp_path: Path
         control_redis_url="redis://control:pw@127.0.0.1:1/0",
         sink_redis_url="redis://sink:pw@127.0.0.1:1/0",
         redis_url="redis://127.0.0.1:1/0",
+        kafka_passwords={s: f"{s}-kafka-password" for s in kube.SERVICES},
     )
     assert kube.validate(secrets) == []
     tls = next(d for d in secrets if d["metadata"]["name"] == "streamforge-tls-sink")["stringData"]
-    assert set(tls) == {"ca.crt", "sink.crt", "sink.key"}  # its own key only, never the CA's
+    # Its own key only, never the CA's; its own Kafka password.
+    assert set(tls) == {"ca.crt", "sink.crt", "sink.key", "kafka.password"}
+    assert tls["kafka.password"] == "sink-kafka-password"
     settings = {"SF_SINK_METRICS_PORT": "29103", "SF_LOG_LEVEL": "DEBUG", "SF_PROCESSOR_SPARK_CONF": "{}"}
     standby = {"SF_PROCESSOR_GRPC_PORT": "26127", "SF_PROCESSOR_METRICS_PORT": "29104"}
     local = kube.local_manifests(DOCS, settings, {"processor": [{}, standby]})
@@ -199,7 +202,9 @@ def test_local_manifests_run_on_the_given_ports_with_real_secrets(tmp_path: Path
     assert not {"processor", "hdfs-datanode-1"} & set(workloads)
     (processor,) = kube.containers(workloads["processor-0"])
     env = {e["name"]: e for e in processor["env"]}
-    assert set(env) == {"SF_REDIS_URL", "SF_PROCESSOR_NAME"}  # the ConfigMap's SPARK_CONF applies
+    # The ConfigMap's SPARK_CONF applies.
+    assert set(env) == {"SF_REDIS_URL", "SF_PROCESSOR_NAME", "SF_KAFKA_SASL_USERNAME"}
+    assert env["SF_KAFKA_SASL_USERNAME"]["value"] == "processor"
     assert env["SF_PROCESSOR_NAME"] == {"name": "SF_PROCESSOR_NAME", "value": "processor-0"}
     # The second replica reads its own ports from a ConfigMap of its own.
     (standby_container,) = kube.containers(workloads["processor-1"])
@@ -219,7 +224,11 @@ def test_local_manifests_run_on_the_given_ports_with_real_secrets(tmp_path: Path
     assert claim["claimName"] == "hdfs-data-hdfs-datanode-0"
     (control,) = kube.containers(workloads["control"])
     # SF_CONTROL_ADVERTISED_HOST is the pod's IP, which podman cannot give: left to its default.
-    assert {e["name"] for e in control["env"]} == {"SF_CONTROL_TOKENS", "SF_REDIS_URL"}
+    assert {e["name"] for e in control["env"]} == {
+        "SF_CONTROL_TOKENS",
+        "SF_REDIS_URL",
+        "SF_KAFKA_SASL_USERNAME",
+    }
 
     podman = kube.podman_secrets(DOCS, secrets)
     assert set(podman) == {d["metadata"]["name"] for d in secrets}

@@ -12,6 +12,7 @@ from services.processor.warmup.startup import records_read
 from services.processor.warmup.synthetic import Synthetic, fill_backlog
 from services.processor.warmup.topics import STALE_AFTER_S, new_tag, stale_topics
 from shared.jobspec import JobSpec
+from shared.kafka import KafkaAccess
 
 
 def test_the_records_read_are_the_sources_end_offsets_however_many_reports_spark_kept() -> None:
@@ -34,7 +35,9 @@ def test_the_backlog_stops_at_its_deadline_and_counts_only_what_was_sent() -> No
     # and delivers nothing. Without the deadline the write would wait on that queue and outlast the
     # warm-up's time.
     began = time.monotonic()
-    sent = fill_backlog("127.0.0.1:1", "_sf-warmup-x.valid", 300_000, 1_000_000, deadline=began + 1)
+    sent = fill_backlog(
+        KafkaAccess("127.0.0.1:1"), "_sf-warmup-x.valid", 300_000, 1_000_000, deadline=began + 1
+    )
     assert sent == 0
     assert time.monotonic() - began < 10  # the deadline, plus the purge's 1 s and a loaded machine's slack
 

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from opentelemetry import trace
 
 from services.control import dashboard
-from services.control.api.routes import cluster, health, jobs, monitoring, services
+from services.control.api.routes import cluster, health, jobs, monitoring, producers, services
 from services.control.dashboard.settings import DashboardSettings
 from services.control.errors import ControlError, NotLeader, Overloaded
 from services.control.plane import ControlPlane
@@ -80,7 +80,14 @@ def create_app(
             headers = {"Retry-After": str(exc.retry_after_s)}
         return JSONResponse({"detail": str(exc)}, status_code=exc.http_status, headers=headers)
 
-    routers = (health.router, jobs.router, services.router, cluster.router, monitoring.router)
+    routers = (
+        health.router,
+        jobs.router,
+        producers.router,
+        services.router,
+        cluster.router,
+        monitoring.router,
+    )
     for router in (*routers, dashboard.router):
         app.include_router(router)
     app.state.dashboard_sources = _dashboard_sources(control)

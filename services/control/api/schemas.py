@@ -15,6 +15,15 @@ class ErrorOut(BaseModel):
     detail: str = Field(description="what went wrong and what to fix")
 
 
+class ProducerCredentialOut(BaseModel):
+    username: str = Field(description="the Kafka user (SCRAM) that may write the topic")
+    password: str = Field(description="its password: shown once, kept nowhere by control")
+    topic: str = Field(description="the one raw topic it may write")
+    sasl_mechanism: str = Field(description="librdkafka `sasl.mechanism`")
+    security_protocol: str = Field(description="librdkafka `security.protocol`")
+    bootstrap_servers: str = Field(description="librdkafka `bootstrap.servers`")
+
+
 class JobStatusOut(BaseModel):
     id: str
     state: JobState

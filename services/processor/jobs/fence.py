@@ -13,22 +13,22 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from services.processor.errors import ProcessorError
 from shared.fences import fence_record
-from shared.kafka import partition_count
+from shared.kafka import KafkaAccess, partition_count
 
 log = logging.getLogger(__name__)
 
 FENCE_TIMEOUT_S = 30.0
 
 
-def publish_fence(bootstrap: str, topic: str, job_id: str, epoch: int) -> int:
+def publish_fence(kafka: KafkaAccess, topic: str, job_id: str, epoch: int) -> int:
     """Write job ``job_id``'s fence at ``epoch`` to each partition of ``topic``; returns how many.
 
     Raises ProcessorError unless every partition acknowledged it (acks=all)."""
-    partitions = partition_count(bootstrap, topic)
+    partitions = partition_count(kafka, topic)
     if partitions == 0:
         return 0  # no output written yet, so nothing of an old owner's to fence off
     producer = Producer(
-        {"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all", "linger.ms": 0},
+        {**kafka.config(), "enable.idempotence": True, "acks": "all", "linger.ms": 0},
         logger=logging.getLogger("librdkafka.producer"),
     )
     failures: list[str] = []

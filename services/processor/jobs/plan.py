@@ -26,6 +26,7 @@ from services.processor.tracing import (
 from shared import constants
 from shared.errors import SpecError
 from shared.jobspec import Aggregation, JobSpec, SessionWindow, SlidingWindow, percentile_suffix
+from shared.kafka import KafkaAccess
 
 
 def _window_column(spec: JobSpec) -> Column:
@@ -152,7 +153,7 @@ class Plan:
 def build_plan(
     spark: SparkSession,
     spec: JobSpec,
-    bootstrap: str,
+    kafka: KafkaAccess,
     max_offsets: int,
     versions: str = ROW_VERSIONS,
     *,
@@ -165,7 +166,7 @@ def build_plan(
     versions = BATCH_VERSIONS if batch_versions(spec, versions) else ROW_VERSIONS
     if trace not in (TRACE_NUMBERS, TRACE_TEXT):
         trace = trace_state_for(spec)
-    rows = events(spark, spec, bootstrap, max_offsets, task_records)
+    rows = events(spark, spec, kafka, max_offsets, task_records)
     if spec.kind == "windowed":
         results = windowed(spec, rows, row_count=versions == ROW_VERSIONS, trace=trace)
         for name in spec.aggregate_names:

@@ -28,7 +28,7 @@ from services.processor.metrics import SLOT_REFUSALS, TASK_SLOTS, TASK_SLOTS_HEL
 from services.processor.spark.scheduler import STOPPED_TASKS_TIMEOUT_S, await_tasks
 from shared.errors import SpecError
 from shared.jobspec import JobSpec
-from shared.kafka import partition_count
+from shared.kafka import KafkaAccess, partition_count
 from shared.slots import BATCH, REAL_TIME_SHUFFLE_PARTITIONS, REALTIME, SlotNeed, Slots, slots_needed
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ def _records(spec: JobSpec, plan: Plan, epoch: int) -> DataFrame:
 def start_query(
     spark: SparkSession,
     spec: JobSpec,
-    bootstrap: str,
+    kafka: KafkaAccess,
     checkpoint_dir: str,
     max_offsets: int,
     *,
@@ -64,16 +64,16 @@ def start_query(
     and None when new), and ``task_records`` its read tasks' size (see events), for the plan built
     here (a plan given was built with its own)."""
     plan = plan or build_plan(
-        spark, spec, bootstrap, max_offsets, versions, task_records=task_records, trace=trace
+        spark, spec, kafka, max_offsets, versions, task_records=task_records, trace=trace
     )
     interval = f"{spec.trigger_interval} milliseconds"
     if plan.versions == BATCH_VERSIONS:
-        writer = _batch_versioned_writer(spec, plan, bootstrap, epoch)
+        writer = _batch_versioned_writer(spec, plan, kafka, epoch)
     else:
         writer = (
             _records(spec, plan, epoch)
             .writeStream.format("kafka")
-            .option("kafka.bootstrap.servers", bootstrap)
+            .options(**kafka.spark_options())
             .option("topic", spec.output_topic)
         )
     writer = writer.queryName(spec.id).outputMode(plan.output_mode)
@@ -83,11 +83,11 @@ def start_query(
         writer = writer.trigger(realTime=interval)  # type: ignore[call-overload]
     else:
         writer = writer.trigger(processingTime=interval)
-    with _state_partitions_of(spark, spec, bootstrap), _checkpoint_manager_for(spark, checkpoint_dir):
+    with _state_partitions_of(spark, spec, kafka), _checkpoint_manager_for(spark, checkpoint_dir):
         return writer.start()
 
 
-def _batch_versioned_writer(spec: JobSpec, plan: Plan, bootstrap: str, epoch: int) -> DataStreamWriter:
+def _batch_versioned_writer(spec: JobSpec, plan: Plan, kafka: KafkaAccess, epoch: int) -> DataStreamWriter:
     """A checkpoint of before: each micro-batch's results versioned by its batch id in foreachBatch."""
     condition = plan.having
 
@@ -96,7 +96,7 @@ def _batch_versioned_writer(spec: JobSpec, plan: Plan, bootstrap: str, epoch: in
         (
             to_window_results(spec, selected, version_of(epoch, batch_id))
             .write.format("kafka")
-            .option("kafka.bootstrap.servers", bootstrap)
+            .options(**kafka.spark_options())
             .option("topic", spec.output_topic)
             .save()
         )
@@ -104,7 +104,9 @@ def _batch_versioned_writer(spec: JobSpec, plan: Plan, bootstrap: str, epoch: in
     return plan.output.writeStream.foreachBatch(write_batch)
 
 
-def _state_partitions_of(spark: SparkSession, spec: JobSpec, bootstrap: str) -> AbstractContextManager[None]:
+def _state_partitions_of(
+    spark: SparkSession, spec: JobSpec, kafka: KafkaAccess
+) -> AbstractContextManager[None]:
     """The state partitions a windowed query starts with (kept in its checkpoint from then on)."""
     if spec.kind != "windowed":
         return nullcontext()  # dedup and joins: the session's setting
@@ -112,10 +114,10 @@ def _state_partitions_of(spark: SparkSession, spec: JobSpec, bootstrap: str) -> 
         # A real-time batch holds a task slot per source partition and per shuffle partition for
         # its whole length: one shuffle partition keeps that to (source partitions + 1).
         return _shuffle_partitions(spark, REAL_TIME_SHUFFLE_PARTITIONS)
-    return _shuffle_partitions(spark, state_partitions(spark, spec, bootstrap))
+    return _shuffle_partitions(spark, state_partitions(spark, spec, kafka))
 
 
-def state_partitions(spark: SparkSession, spec: JobSpec, bootstrap: str) -> int:
+def state_partitions(spark: SparkSession, spec: JobSpec, kafka: KafkaAccess) -> int:
     """A micro-batch job's state partitions: as many as its sources have, at most the session's.
 
     Each is a task and a state store committed every batch, a fixed cost that buys nothing past the
@@ -126,7 +128,7 @@ def state_partitions(spark: SparkSession, spec: JobSpec, bootstrap: str) -> int:
     configured = int(spark.conf.get(SHUFFLE_PARTITIONS) or "200")
     if spec.parallelism is not None:
         configured = min(configured, spec.parallelism)
-    most = max(partition_count(bootstrap, source.valid_topic) for source in spec.sources)
+    most = max(partition_count(kafka, source.valid_topic) for source in spec.sources)
     return min(configured, most) if most > 0 else configured
 
 
@@ -192,16 +194,16 @@ def check_real_time_interval(spark: SparkSession, spec: JobSpec) -> None:
         )
 
 
-def slots_of(spec: JobSpec, bootstrap: str) -> SlotNeed:
+def slots_of(spec: JobSpec, kafka: KafkaAccess) -> SlotNeed:
     """The task slots the job takes here (shared/slots.py), from its topics' real partition counts."""
-    return slots_needed(spec, lambda topic: partition_count(bootstrap, topic))
+    return slots_needed(spec, lambda topic: partition_count(kafka, topic))
 
 
-def check_task_slots(spec: JobSpec, others: list[SlotNeed], slots: Slots, bootstrap: str) -> SlotNeed:
+def check_task_slots(spec: JobSpec, others: list[SlotNeed], slots: Slots, kafka: KafkaAccess) -> SlotNeed:
     """Refuse a query whose slots ``others`` (the running jobs' needs) leave too few of: a real-time one
     would wait forever and starve the micro-batch jobs, a micro-batch one would make every job's batches
     queue. Control places jobs where they fit; this is the last guard. Returns the job's need."""
-    need = slots_of(spec, bootstrap)
+    need = slots_of(spec, kafka)
     held = sum(o.count for o in others if o.pool == need.pool)
     total = slots.total(need.pool)
     if need.pool == REALTIME:

@@ -138,7 +138,7 @@ class JobRunner:
             return build_plan(
                 self.spark,
                 spec,
-                self.settings.kafka_bootstrap,
+                self.settings.kafka,
                 self.settings.tuning.max_offsets_per_trigger,
                 versions,
                 task_records=self.settings.tuning.max_records_per_read_task,
@@ -218,20 +218,20 @@ class JobRunner:
         fenced off for the sink; other jobs' outputs are read by users, who get no fence records."""
         log.info("job %s: took its checkpoint over in epoch %d", spec.id, epoch)
         if spec.kind == "windowed":
-            publish_fence(self.settings.kafka_bootstrap, spec.output_topic, spec.id, epoch)
+            publish_fence(self.settings.kafka, spec.output_topic, spec.id, epoch)
 
     def _run(self, job: HostedJob, plan: Plan | None = None) -> None:
         spec = job.spec
         try:
             topics = [s.valid_topic for s in spec.sources] + [spec.output_topic]
-            ensure_topics(self.settings.kafka_bootstrap, topics, self.settings.topic_partitions)
+            ensure_topics(self.settings.kafka, topics, self.settings.topic_partitions)
             self._check_task_slots(spec)
             if not self.checkpoints(spec.id).is_live(job.epoch):
                 raise CheckpointTakenError(f"job {spec.id}: another processor took its checkpoint over")
             query = start_query(
                 self.spark,
                 spec,
-                self.settings.kafka_bootstrap,
+                self.settings.kafka,
                 self.checkpoints(spec.id).epoch_dir(job.epoch),
                 self.settings.tuning.max_offsets_per_trigger,
                 epoch=job.epoch,
@@ -260,7 +260,7 @@ class JobRunner:
 
     def _check_task_slots(self, spec: JobSpec) -> None:
         others = [need for job_id, need in self._holding() if job_id != spec.id]
-        self._needs[spec.id] = check_task_slots(spec, others, self.pools, self.settings.kafka_bootstrap)
+        self._needs[spec.id] = check_task_slots(spec, others, self.pools, self.settings.kafka)
 
     def _holding(self) -> Sequence[tuple[str, SlotNeed]]:
         """The slots of the jobs whose queries run here."""

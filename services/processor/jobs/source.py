@@ -25,6 +25,7 @@ from services.processor.tracing import (
     spark_sampled_traceparent_sql,
 )
 from shared.jobspec import FieldType, JobSpec, Source
+from shared.kafka import KafkaAccess
 from shared.packs import ADVANCE_FIELD, PACK_KEY_FIELD
 
 _SPARK_TYPES: dict[FieldType, T.DataType] = {
@@ -58,7 +59,7 @@ def record_schema(source: Source) -> T.ArrayType:
 
 
 def read_source(
-    spark: SparkSession, source: Source, bootstrap: str, max_offsets: int | None, task_records: int = 0
+    spark: SparkSession, source: Source, kafka: KafkaAccess, max_offsets: int | None, task_records: int = 0
 ) -> DataFrame:
     """A stream's validated events, parsed, with their key, event time and coordinates.
 
@@ -73,7 +74,7 @@ def read_source(
     """
     reader = (
         spark.readStream.format("kafka")
-        .option("kafka.bootstrap.servers", bootstrap)
+        .options(**kafka.spark_options())
         .option("subscribe", source.valid_topic)
         .option("startingOffsets", "earliest")
         # Ingest writes in transactions: never read a batch it may still abort.
@@ -155,12 +156,12 @@ def _derive_and_filter(spark: SparkSession, spec: JobSpec, df: DataFrame) -> Dat
 
 
 def _join(
-    spark: SparkSession, spec: JobSpec, left: DataFrame, bootstrap: str, max_offsets: int | None
+    spark: SparkSession, spec: JobSpec, left: DataFrame, kafka: KafkaAccess, max_offsets: int | None
 ) -> DataFrame:
     assert spec.join is not None
     join = spec.join
     delay = f"{spec.watermark.delay_ms} milliseconds"
-    right = readable(read_source(spark, join.source, bootstrap, max_offsets), MALFORMED_OBSERVATIONS[1])
+    right = readable(read_source(spark, join.source, kafka, max_offsets), MALFORMED_OBSERVATIONS[1])
     right = right.select(
         F.col(KEY).alias(RIGHT_KEY),
         *[F.col(f).alias(join.prefix + f) for f in join.source.fields],
@@ -177,7 +178,7 @@ def _join(
 
 
 def events(
-    spark: SparkSession, spec: JobSpec, bootstrap: str, max_offsets: int | None, task_records: int = 0
+    spark: SparkSession, spec: JobSpec, kafka: KafkaAccess, max_offsets: int | None, task_records: int = 0
 ) -> DataFrame:
     """The job's input rows after join, derive, filter, watermark and dedup.
 
@@ -196,14 +197,14 @@ def events(
     # without a key before its watermarks, and a stateless job has none.
     idle_timeout = spec.watermark.idle_timeout_ms if spec.join is None and spec.kind != "stateless" else 0
     df = readable(
-        read_source(spark, spec.source, bootstrap, max_offsets, task_records),
+        read_source(spark, spec.source, kafka, max_offsets, task_records),
         MALFORMED_OBSERVATIONS[0],
         idle_timeout,
     )
     # The sampled records' trace context: the listener links each batch's span to them.
     df = df.observe(SPARK_OBSERVATION, F.expr(spark_observed_traceparents_sql(TRACE)).alias("traceparents"))
     if spec.join is not None:
-        df = _join(spark, spec, df, bootstrap, max_offsets)  # watermarks both of its sources
+        df = _join(spark, spec, df, kafka, max_offsets)  # watermarks both of its sources
     elif spec.kind in ("windowed", "dedup"):
         # At the source, as ingest and Flink track it: events a filter drops still move event time.
         df = without_advances(df.withWatermark(EVENT_TIME, f"{spec.watermark.delay_ms} milliseconds"))

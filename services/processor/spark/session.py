@@ -204,6 +204,9 @@ def build_spark(settings: ProcessorSettings, jars: list[str], scratch: Path | No
         # A read-only UI: no links that kill a job's stages from a browser.
         .config("spark.ui.killEnabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
+        # Kafka options carry the processor's SCRAM password in their JAAS line: plans, the UI and
+        # logs show such an option's value as *********(redacted).
+        .config("spark.sql.redaction.options.regex", "(?i)url|jaas")
     )
     for key, value in session_conf(settings, scratch).items():
         builder = builder.config(key, value)

@@ -146,13 +146,13 @@ def warm_up(
         log.info("no warm-up on the shape of job %s: a join", like.id if like else "")
         return Warmed(0, 0)
     cancelled = cancel or threading.Event()
-    bootstrap = settings.kafka_bootstrap
+    kafka = settings.kafka
     topics = [spec.source.valid_topic, spec.output_topic]
     checkpoint: Path | None = None
     stop = threading.Event()
     producer = threading.Thread(
         target=produce_live,
-        args=(bootstrap, spec.source.valid_topic, Synthetic(spec.source, LIVE_KEYS), stop),
+        args=(kafka, spec.source.valid_topic, Synthetic(spec.source, LIVE_KEYS), stop),
         name="warmup-producer",
         daemon=True,
     )
@@ -169,11 +169,11 @@ def warm_up(
         parent = workdir or Path(settings.data_dir)
         parent.mkdir(parents=True, exist_ok=True)
         checkpoint = Path(tempfile.mkdtemp(prefix="sf-warmup-", dir=parent))
-        delete_stale_topics(bootstrap, time.time(), timeout_s=_set_up_timeout(set_up_by))
-        ensure_topics(bootstrap, topics, partitions=1, timeout_s=_set_up_timeout(set_up_by))
+        delete_stale_topics(kafka, time.time(), timeout_s=_set_up_timeout(set_up_by))
+        ensure_topics(kafka, topics, partitions=1, timeout_s=_set_up_timeout(set_up_by))
         created = True
         sent = fill_backlog(
-            bootstrap,
+            kafka,
             spec.source.valid_topic,
             backlog_events,
             int(time.time() * 1000),
@@ -188,7 +188,7 @@ def warm_up(
             query = start_query(
                 spark,
                 spec,
-                bootstrap,
+                kafka,
                 str(checkpoint),
                 min(settings.tuning.max_offsets_per_trigger, settings.tuning.warmup_batch_records),
                 epoch=0,
@@ -238,7 +238,7 @@ def warm_up(
         if checkpoint is not None:
             shutil.rmtree(checkpoint, ignore_errors=True)
         if created:
-            delete_topics(bootstrap, topics)
+            delete_topics(kafka, topics)
         _collect_garbage(spark)
     return Warmed(batches, rows, largest)
 

@@ -12,6 +12,7 @@ from confluent_kafka import Producer
 from services.processor.warmup.specs import warmup_spec
 from shared.constants import join_key
 from shared.jobspec import FieldType, Source
+from shared.kafka import KafkaAccess
 from shared.packs import pack, packed_event
 
 log = logging.getLogger(__name__)
@@ -61,9 +62,9 @@ class Synthetic:
         return packed_event(key.decode(), value)
 
 
-def produce_live(bootstrap: str, topic: str, events: Synthetic, stop: threading.Event) -> int:
+def produce_live(kafka: KafkaAccess, topic: str, events: Synthetic, stop: threading.Event) -> int:
     """Events at LIVE_EVENTS_PER_S, their event times now, until ``stop``."""
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
+    producer = Producer({**kafka.config(), "linger.ms": 20})
     sent = 0
     started = time.monotonic()
     while not stop.wait(0.05):
@@ -79,7 +80,7 @@ def produce_live(bootstrap: str, topic: str, events: Synthetic, stop: threading.
 
 
 def fill_backlog(
-    bootstrap: str,
+    kafka: KafkaAccess,
     topic: str,
     events: int,
     now_ms: int,
@@ -93,7 +94,7 @@ def fill_backlog(
     that the warm-up keeps to its time. Returns how many events were sent by then (acknowledged by
     the broker)."""
     synthetic = synthetic or Synthetic(warmup_spec("x").source, BACKLOG_KEYS)
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50, "batch.size": 1_000_000})
+    producer = Producer({**kafka.config(), "linger.ms": 50, "batch.size": 1_000_000})
     start = now_ms - BACKLOG_SPAN_MS
     sizes: list[int] = []  # events per record produced
     produced = 0

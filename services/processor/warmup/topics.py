@@ -14,11 +14,12 @@ from collections.abc import Iterable
 
 from confluent_kafka import KafkaException
 
-from shared.kafka import admin
+from shared import constants
+from shared.kafka import KafkaAccess, admin
 
 log = logging.getLogger(__name__)
 
-TOPIC_PREFIX = "_sf-warmup-"
+TOPIC_PREFIX = constants.WARMUP_TOPIC_PREFIX
 # Longer than any warm-up and its clean-up can take (settings cap a warm-up's length).
 STALE_AFTER_S = 3_600
 _TAGGED = re.compile(rf"^{re.escape(TOPIC_PREFIX)}(\d{{10,}})-[0-9a-f]+(\.out|\.valid)?$")
@@ -40,23 +41,23 @@ def stale_topics(names: Iterable[str], now: float) -> list[str]:
     return sorted(stale)
 
 
-def delete_stale_topics(bootstrap: str, now: float, timeout_s: float = 10.0) -> list[str]:
+def delete_stale_topics(kafka: KafkaAccess, now: float, timeout_s: float = 10.0) -> list[str]:
     """Delete the warm-up topics left by warm-ups that began over ``STALE_AFTER_S`` ago (their processor
     was killed before its clean-up); returns their names. Failures are logged, not raised."""
     try:
-        stale = stale_topics(admin(bootstrap).list_topics(timeout=timeout_s).topics, now)
+        stale = stale_topics(admin(kafka).list_topics(timeout=timeout_s).topics, now)
     except KafkaException as e:
         log.warning("warm-up topics not listed: %s", e)
         return []
     if stale:
         log.info("deleting %d warm-up topic(s) left by killed warm-ups: %s", len(stale), ", ".join(stale))
-        delete_topics(bootstrap, stale, timeout_s)
+        delete_topics(kafka, stale, timeout_s)
     return stale
 
 
-def delete_topics(bootstrap: str, topics: list[str], timeout_s: float = 10.0) -> None:
+def delete_topics(kafka: KafkaAccess, topics: list[str], timeout_s: float = 10.0) -> None:
     try:
-        client = admin(bootstrap)  # held until the futures are done: its handle answers them
+        client = admin(kafka)  # held until the futures are done: its handle answers them
         for future in client.delete_topics(topics, operation_timeout=timeout_s).values():
             future.result(timeout=timeout_s + 5)
     except (KafkaException, TimeoutError) as e:

@@ -27,7 +27,7 @@ async def readyz(plane: PlaneDep, settings: SettingsDep, response: Response) -> 
     """Ready: Redis answers PING, Kafka answers a metadata request and the gRPC Registry listens."""
     checks = {
         "redis": await run_in_threadpool(_redis_ok, plane.redis),
-        "kafka": await run_in_threadpool(check_metadata, settings.kafka_bootstrap),
+        "kafka": await run_in_threadpool(check_metadata, settings.kafka),
         "grpc": plane.started and plane.grpc.port > 0,
     }
     ready = all(checks.values())
