@@ -102,7 +102,9 @@ def test_a_job_no_processor_has_the_slots_for_is_refused_naming_them_and_the_run
     wait_until(lambda: all(plane.jobs.get(j).state == JobState.RUNNING for j in ("a", "b")))  # type: ignore[union-attr]
 
     assert api.post("/jobs/a/cancel", headers=auth()).status_code == 200
-    assert submit(api, spec("c")).status_code == 201  # its slot is free again
+    # Its slot is free again once the processor's next heartbeat no longer reports it held.
+    wait_until(lambda: api.get("/cluster/metrics", headers=auth()).json()["task_slots"]["batch"]["free"] == 1)
+    assert submit(api, spec("c")).status_code == 201
 
 
 def test_a_lost_processors_jobs_move_to_a_standbys_free_slots_and_one_that_fits_nowhere_waits(
