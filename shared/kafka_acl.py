@@ -71,11 +71,12 @@ def standing_bindings() -> list[AclBinding]:
     """The grants no job adds: groups, transactional ids, warm-up topics, the default output topic,
     administration, reading."""
     return [
-        *_allow(INGEST, _Res.GROUP, INGEST_GROUP, [_Op.READ, _Op.DESCRIBE]),
+        # Prefixed: a replica set may run under its own group id (its tuning's group_id), as tests do.
+        *_allow(INGEST, _Res.GROUP, INGEST_GROUP, [_Op.READ, _Op.DESCRIBE], prefixed=True),
         *_allow(INGEST, _Res.TRANSACTIONAL_ID, INGEST_TRANSACTIONS, [_Op.WRITE, _Op.DESCRIBE], prefixed=True),
         *_allow(PROCESSOR, _Res.GROUP, SPARK_GROUPS, [_Op.READ], prefixed=True),
         *_allow(PROCESSOR, _Res.TOPIC, WARMUP_TOPICS, [_Op.ALL], prefixed=True),
-        *_allow(SINK, _Res.GROUP, SINK_GROUP, [_Op.READ, _Op.DESCRIBE]),
+        *_allow(SINK, _Res.GROUP, SINK_GROUP, [_Op.READ, _Op.DESCRIBE], prefixed=True),
         # Control creates and deletes topics, grants ACLs and mints producer credentials.
         *_allow(
             CONTROL,

@@ -93,7 +93,7 @@ def test_a_burst_of_submissions_fills_the_slots_and_the_rest_are_refused_while_t
 ) -> None:
     cfg, tag = stack
     names = [f"adm{i}-{tag}" for i in range(SUBMISSIONS)]
-    ensure_topics(cfg.bootstrap, names, partitions=1)
+    ensure_topics(cfg.kafka, names, partitions=1)
     with http_client(cfg) as http:
         wait_for("a processor to register", lambda: live_processor(http), 120, cfg)
         wait_for(
@@ -129,7 +129,7 @@ def test_a_burst_of_submissions_fills_the_slots_and_the_rest_are_refused_while_t
             wait_for(f"{name} RUNNING", lambda n=name: status(http, n)["state"] == "RUNNING", 240, cfg)
         data = click_events(1_500, start_ms=START_MS, span_ms=30_000, max_disorder_ms=2_000, seed=3)
         for name in accepted:
-            produce_all(cfg.bootstrap, name, data.records)
+            produce_all(cfg.kafka, name, data.records)
         expected = oracle_window_counts(data.good, 5_000)
         for name in accepted:
             got = wait_for(
@@ -163,7 +163,7 @@ def test_each_job_goes_to_the_processor_with_the_most_slots_free_for_it(
         # Free (small, large): (3, 6) -> large; (3, 4) -> large; (3, 1) -> small.
         wanted = [("a", 2, large), ("b", 3, large), ("c", 2, small)]
         names = [f"place-{job}-{tag}" for job, _, _ in wanted]
-        ensure_topics(cfg.bootstrap, names, partitions=1)
+        ensure_topics(cfg.kafka, names, partitions=1)
         for name, (_, parallelism, where) in zip(names, wanted, strict=True):
             text = PAGE_VIEWS_SPEC.format(name=name) + f"parallelism: {parallelism}\n"
             answer = http.post(
