@@ -345,6 +345,10 @@ def measure(cfg: StackConfig, variant: str, env: dict[str, str] | None = None) -
                 for k, end in zip(kills, ends, strict=True)
             ]
         now_on = control.status(job_id).get("processor", "")
+    if variant in STANDBY_VARIANTS:  # the job moved on: the killed process's restart is not its recovery
+        for r in results:
+            kept = ("first_output", "first_in_redis")
+            r["breakdown"] = {k: v for k, v in r["breakdown"].items() if k in kept}
     problems = outcome.problems + [p for r in results for p in r.pop("jit_problems")]
     for r in results[:-1]:
         r.pop("markers")
