@@ -156,6 +156,7 @@ class Kill:
     seen_before: list[float]
     ready: dict[str, float] = field(default_factory=dict)  # "at": when the restarted process answered
     spawned: float | None = None  # time.time() just before the restarted process was started
+    load_at_kill: float = 0.0  # the machine's 1-minute load average at the kill (2 cores)
 
 
 def kill_and_recover(
@@ -179,6 +180,7 @@ def kill_and_recover(
         time.sleep(0.05)
     seen_before = [f for f in map(watch.freshness, before) if f is not None]
     kill = Kill(victim, killed, max(1.0, percentiles_ms(seen_before).get("p99_ms", 0) / 1000), seen_before)
+    kill.load_at_kill = round(os.getloadavg()[0], 2)
 
     def wait_ready() -> None:  # restart the killed process (after RESTART_DELAY_S), wait for it
         time.sleep(RESTART_DELAY_S)
@@ -303,6 +305,7 @@ def figures(
         "max_freshness_after_recovery_s": round(max(after, default=0), 1),
         "never_seen_markers": sum(1 for _, f in freshness if f is None),
         "restart_delay_s": RESTART_DELAY_S,
+        "load_at_kill": kill.load_at_kill,
         "restart_ready_s": round(kill.ready["at"] - killed, 1) if "at" in kill.ready else None,
         "lost_s": transition_s(control, job_id, "FAILING", killed),
         "running_again_s": transition_s(control, job_id, "RUNNING", killed),

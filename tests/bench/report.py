@@ -342,14 +342,15 @@ def _recovery_breakdown_md(part: Part) -> list[str]:
         if not isinstance(steps, dict) or not steps:
             continue
         cells = " | ".join(f"{steps[k]}" if steps.get(k) is not None else "-" for k in BREAKDOWN_STEPS)
-        rows.append(f"| {label} | {cells} | {_variant(part, name).get('recovery_s', '-')} |")
+        v = _variant(part, name)
+        rows.append(f"| {label} | {cells} | {v.get('recovery_s', '-')} | {v.get('load_at_kill', '-')} |")
     if not rows:
         return []
     return [
         "Where the seconds went (seconds after the kill at which each step ended):",
         "",
-        f"| recovery | {' | '.join(BREAKDOWN_STEPS.values())} | fresh again |",
-        f"|---|{'---:|' * (len(BREAKDOWN_STEPS) + 1)}",
+        f"| recovery | {' | '.join(BREAKDOWN_STEPS.values())} | fresh again | load at the kill |",
+        f"|---|{'---:|' * (len(BREAKDOWN_STEPS) + 2)}",
         *rows,
         "",
         "Python up: the restarted process's interpreter and imports; JVM and session: Spark's; job resumed: "
