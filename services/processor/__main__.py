@@ -8,18 +8,23 @@ and shutdown: shared/service.py.
 from __future__ import annotations
 
 import sys
+import time
 
 from opentelemetry.trace import Tracer
 
 from services.processor.errors import ProcessorError
 from services.processor.service import Processor
 from services.processor.settings import ProcessorSettings
+from services.processor.start_clock import CLOCK
 from shared.jobspec import load_job_spec
 from shared.service import GrpcEndpoint, Wiring, run_service
 from shared.tls import TlsIdentity
 
+IMPORTED = time.monotonic()
+
 
 def build(settings: ProcessorSettings, tracer: Tracer, _tls: TlsIdentity | None) -> Wiring:
+    CLOCK.mark("imports", at=IMPORTED)
     if not settings.spark_jars:
         raise ProcessorError(
             "SF_PROCESSOR_SPARK_JARS names no jar: give the Spark-Kafka connector's jars "

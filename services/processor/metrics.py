@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -25,6 +26,7 @@ from prometheus_client import Counter, Gauge
 from pyspark import SparkContext
 from pyspark.sql.streaming import StreamingQueryListener
 
+from services.processor.start_clock import StartClock
 from services.processor.tracing import SPARK_OBSERVATION, spark_progress_times
 from shared import constants
 from shared.clock import wall_clock_ms
@@ -180,8 +182,9 @@ class JobMetricsListener(StreamingQueryListener):
     to the sampled records in it (their traceparents are an observed metric of the query).
     """
 
-    def __init__(self, tracer: Tracer | None = None) -> None:
+    def __init__(self, tracer: Tracer | None = None, clock: StartClock | None = None) -> None:
         self._lock = threading.Lock()
+        self.clock = clock  # marks the process's first batch with rows (start_clock.py)
         self._jobs: dict[str, JobTotals] = {}
         self._runs_reported: set[str] = set()  # query runs whose first batch was logged
         self.tracer = tracer
@@ -300,13 +303,18 @@ class JobMetricsListener(StreamingQueryListener):
         if not m.input_rows or run in self._runs_reported:
             return
         self._runs_reported.add(run)
+        if self.clock is not None:
+            now = time.monotonic()
+            self.clock.mark("first_batch_start", at=now - m.batch_duration_ms / 1000)
+            self.clock.mark("first_batch", at=now)
         log.info(
-            "job %s: first batch of this run (batch %d, %d rows) took %d ms: %s",
+            "job %s: first batch of this run (batch %d, %d rows) took %d ms: %s%s",
             m.job_id,
             m.batch_id,
             m.input_rows,
             m.batch_duration_ms,
             _where(progress),
+            _restored(progress),
         )
 
     @staticmethod
@@ -360,6 +368,22 @@ def _where(progress: dict[str, Any]) -> str:
         if isinstance(op, dict)
     )
     return f"{parts}; {state}" if state else parts
+
+
+def _restored(progress: dict[str, Any]) -> str:
+    """How each RocksDB state store was loaded in a run's first batch (its tasks' sums): from its
+    newest snapshot, then the changelogs written since, which a restart replays one by one."""
+    loads = []
+    for op in progress.get("stateOperators") or []:
+        custom = (op.get("customMetrics") or {}) if isinstance(op, dict) else {}
+        if "rocksdbLoadLatencyMs" in custom:
+            loads.append(
+                f"; state {op.get('operatorName', '?')} loaded in {custom['rocksdbLoadLatencyMs']} ms "
+                f"(snapshot {custom.get('rocksdbLoadFromSnapshotLatencyMs', '?')} ms, "
+                f"{custom.get('rocksdbNumReplayChangelogFiles', '?')} changelogs replayed in "
+                f"{custom.get('rocksdbReplayChangeLogLatencyMs', '?')} ms)"
+            )
+    return "".join(loads)
 
 
 def _removed(operator: dict[str, Any]) -> str:

@@ -22,7 +22,8 @@ from services.processor.jobs.runner import JobRunner
 from services.processor.metrics import JobMetricsListener
 from services.processor.settings import ProcessorSettings
 from services.processor.spark.scratch import Scratch, claim
-from services.processor.spark.session import build_spark, local_file_system
+from services.processor.spark.session import build_spark, preload
+from services.processor.start_clock import CLOCK
 from services.processor.state.storage import LocalStorage, StateStorage, is_local
 from services.processor.warmup.shapes import ShapeWarmer
 from services.processor.warmup.startup import warm_up
@@ -76,14 +77,11 @@ class Processor:
         yielded = not self.specs and local and self._yield_to_takeover(LocalStorage())
         began = time.monotonic()
         self.scratch = claim(s.scratch_path)
-        self.spark = build_spark(s, self.jars, self.scratch.path)
-        log.info(
-            "Spark session up in %.1f s (master %s; file: paths through %s)",
-            time.monotonic() - began,
-            s.spark_master,
-            local_file_system(self.spark).getClass().getName(),
-        )
-        listener = JobMetricsListener(self.tracer)
+        self.spark = build_spark(s, self.jars, self.scratch.path, CLOCK)
+        log.info("Spark session up in %.1f s (master %s)", time.monotonic() - began, s.spark_master)
+        # Beside the resumed jobs' starts (plans, checkpoints): what their first batches load first.
+        threading.Thread(target=preload, args=(self.spark,), name="spark-preload", daemon=True).start()
+        listener = JobMetricsListener(self.tracer, CLOCK)
         self.spark.streams.addListener(listener)
         self.runner = runner = JobRunner(self.spark, s, listener)
         if not local and not self.specs:
@@ -94,6 +92,8 @@ class Processor:
         self.runner.resume_stored(skip=given)
         for spec in self.specs:
             self.runner.start(spec)  # a spec file that does not start is a start-up error
+        if not self.runner.idle():
+            CLOCK.mark("jobs_resumed")
         warm_s = warmup_seconds(s, yielded)
         if warm_s > 0 and self.runner.idle() and not self._stop.is_set():
             # Nothing runs here: warm the JVM before registering, so a job it takes over starts fast.

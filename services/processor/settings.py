@@ -34,6 +34,9 @@ class ProcessorTuning:
     object_hash_agg_groups: Annotated[int, Field(ge=1)] = 65_536
     # "tiered": C1 then C2 (fastest once warm); "quick": C1 alone (faster starts, more CPU per row).
     jit: Literal["tiered", "quick"] = "tiered"
+    # RocksDB state stores upload their snapshots in Spark's maintenance task; a restart loads the
+    # newest uploaded one and replays every changelog since, one file per micro-batch (seconds).
+    state_maintenance_interval_s: Annotated[int, Field(ge=1)] = 10
     # Bounds the micro-batch after a backlog, so a restart does not build one giant batch (records).
     max_offsets_per_trigger: int = 200_000
     # A windowed micro-batch reads a partition in tasks of at most this many records, on every core.

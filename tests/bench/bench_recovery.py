@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import redis
 
 from infra.local import procs
@@ -51,9 +52,10 @@ from infra.local.stack import (
     wait_service_ready,
 )
 from services.processor.spark.session import JIT_OPTIONS
+from shared.jobspec import JobSpec
 from shared.kafka import ensure_topics
 from tests.bench import workload
-from tests.bench.markers import Load, Marker, MarkerWatch, percentiles_ms
+from tests.bench.markers import Load, Marker, MarkerWatch, first_timestamps, percentiles_ms
 from tests.bench.stack import Control, job, restart_service, services_up
 
 RATE = 1_000
@@ -153,6 +155,8 @@ class Kill:
     threshold: float
     seen_before: list[float]
     ready: dict[str, float] = field(default_factory=dict)  # "at": when the restarted process answered
+    spawned: float | None = None  # time.time() just before the restarted process was started
+    load_at_kill: float = 0.0  # the machine's 1-minute load average at the kill (2 cores)
 
 
 def kill_and_recover(
@@ -176,9 +180,11 @@ def kill_and_recover(
         time.sleep(0.05)
     seen_before = [f for f in map(watch.freshness, before) if f is not None]
     kill = Kill(victim, killed, max(1.0, percentiles_ms(seen_before).get("p99_ms", 0) / 1000), seen_before)
+    kill.load_at_kill = round(os.getloadavg()[0], 2)
 
     def wait_ready() -> None:  # restart the killed process (after RESTART_DELAY_S), wait for it
         time.sleep(RESTART_DELAY_S)
+        kill.spawned = time.time()
         if victim == STANDBY_PROCESSOR:
             start_standby_processor(cfg, wait=False)
             wait_process_ready(cfg, victim, standby_metrics_url(cfg), AFTER_MAX_S)
@@ -205,6 +211,60 @@ def kill_and_recover(
     return kill
 
 
+# The restarted processor's start phases (services/processor/start_clock.py), in their order.
+START_PHASES = ("imports", "jvm", "session", "jobs_resumed", "first_batch_start", "first_batch")
+START_PHASE_METRIC = "processor_start_phase_seconds"
+
+
+def start_phases(url: str) -> dict[str, float]:
+    """The start phases a processor's /metrics page reports: seconds after its process began."""
+    try:
+        text = httpx.get(url, timeout=5).text
+    except httpx.HTTPError:
+        return {}
+    found = {}
+    for line in text.splitlines():
+        if line.startswith(START_PHASE_METRIC + "{"):
+            labels, value = line.rsplit(" ", 1)
+            found[labels.split('phase="', 1)[1].split('"', 1)[0]] = float(value)
+    return found
+
+
+def breakdown(
+    cfg: StackConfig, kill: Kill, markers: list[Marker], watch: MarkerWatch, job_id: str, output_topic: str
+) -> dict[str, float | None]:
+    """Where the seconds from the kill until fresh again went, each step as seconds after the kill:
+    the restarted process's start (``process_started``), its own start phases, control's RUNNING,
+    the first window update of a marker sent after the kill in the output topic (``first_output``,
+    its CreateTime) and in Redis (``first_in_redis``)."""
+    out: dict[str, float | None] = {}
+    if kill.spawned is None:
+        return out
+    spawned = kill.spawned - kill.killed
+    out["process_started"] = round(spawned, 2)
+    url = (
+        standby_metrics_url(cfg)
+        if kill.victim == STANDBY_PROCESSOR
+        else f"http://127.0.0.1:{cfg.metrics_ports[1]}/metrics"
+    )
+    phases = start_phases(url)
+    for phase in START_PHASES:
+        out[phase] = round(spawned + phases[phase], 2) if phase in phases else None
+    after = [m for m in markers if m.sent >= kill.killed]
+    keys = {m.key for m in after}
+    prefix = f"{job_id}|".encode()  # a window result's key: the job, then the window's key
+
+    def marker_after_kill(key: bytes) -> str | None:
+        found = key[len(prefix) :].decode() if key.startswith(prefix) else None
+        return found if found in keys else None
+
+    created = first_timestamps(cfg.kafka, output_topic, int(kill.killed * 1000), marker_after_kill)
+    out["first_output"] = round(min(created.values()) - kill.killed, 2) if created else None
+    seen = [watch.seen[m.key] for m in after if m.key in watch.seen]
+    out["first_in_redis"] = round(min(seen) - kill.killed, 2) if seen else None
+    return out
+
+
 def figures(
     cfg: StackConfig,
     control: Control,
@@ -213,6 +273,7 @@ def figures(
     markers: list[Marker],
     watch: MarkerWatch,
     env: dict[str, str] | None,
+    output_topic: str,
 ) -> dict[str, Any]:
     """A kill's figures from the markers sent until the next kill (``markers``):
 
@@ -244,6 +305,7 @@ def figures(
         "max_freshness_after_recovery_s": round(max(after, default=0), 1),
         "never_seen_markers": sum(1 for _, f in freshness if f is None),
         "restart_delay_s": RESTART_DELAY_S,
+        "load_at_kill": kill.load_at_kill,
         "restart_ready_s": round(kill.ready["at"] - killed, 1) if "at" in kill.ready else None,
         "lost_s": transition_s(control, job_id, "FAILING", killed),
         "running_again_s": transition_s(control, job_id, "RUNNING", killed),
@@ -252,6 +314,8 @@ def figures(
         "restarted_jvm_xx_options": options,
         # (seconds after the kill the marker was sent, its freshness in seconds) for the chart
         "markers": [(round(t, 2), round(f, 3)) for t, f in freshness if f is not None],
+        # seconds after the kill each step of the recovery ended (see breakdown)
+        "breakdown": breakdown(cfg, kill, markers, watch, job_id, output_topic),
     }
 
 
@@ -262,7 +326,9 @@ def measure(cfg: StackConfig, variant: str, env: dict[str, str] | None = None) -
     client = redis.Redis.from_url(cfg.redis_url)
     job_id = f"recovery-{variant.replace('_', '-')}-{uuid.uuid4().hex[:6]}"
     ensure_topics(cfg.kafka, [job_id], partitions=1)
-    with Control(cfg) as control, job(control, workload.spec(job_id, workload.COUNT_ONLY)):
+    spec = workload.spec(job_id, workload.COUNT_ONLY)
+    output = JobSpec.model_validate(spec).output_topic
+    with Control(cfg) as control, job(control, spec):
         # The job runs on the stack's processor (the only one yet); the standby comes after it.
         if variant in STANDBY_VARIANTS and not procs.is_running(STANDBY_PROCESSOR, cfg.run_dir):
             start_standby_processor(cfg)  # warms up (a throwaway job of its own) before it registers
@@ -276,10 +342,16 @@ def measure(cfg: StackConfig, variant: str, env: dict[str, str] | None = None) -
             # A kill's markers end where the next kill's begin (from 10 s before it: see figures).
             ends = [k.killed - 10 for k in kills[1:]] + [float("inf")]
             results = [
-                figures(cfg, control, job_id, k, [m for m in load.markers if m.sent < end], watch, env)
+                figures(
+                    cfg, control, job_id, k, [m for m in load.markers if m.sent < end], watch, env, output
+                )
                 for k, end in zip(kills, ends, strict=True)
             ]
         now_on = control.status(job_id).get("processor", "")
+    if variant in STANDBY_VARIANTS:  # the job moved on: the killed process's restart is not its recovery
+        for r in results:
+            kept = ("first_output", "first_in_redis")
+            r["breakdown"] = {k: v for k, v in r["breakdown"].items() if k in kept}
     problems = outcome.problems + [p for r in results for p in r.pop("jit_problems")]
     for r in results[:-1]:
         r.pop("markers")

@@ -316,7 +316,51 @@ def _recovery_md(part: Part | None) -> list[str]:
         "again: control's job history (FAILING, RUNNING).",
         "",
     ]
-    return out
+    return out + _recovery_breakdown_md(part)
+
+
+# The recovery bench's breakdown (bench_recovery.breakdown): its steps, in order, with their headings.
+IN_PLACE_VARIANTS = ("restart", "restart_quick_jit")
+BREAKDOWN_STEPS = {
+    "imports": "Python up",
+    "jvm": "JVM up",
+    "session": "session up",
+    "jobs_resumed": "job resumed",
+    "first_batch_start": "1st batch starts",
+    "first_batch": "1st batch done",
+    "first_output": "1st output",
+    "first_in_redis": "1st in Redis",
+}
+
+
+def _recovery_breakdown_md(part: Part) -> list[str]:
+    """Where each restarted variant's seconds went: each step's end, in seconds after the kill."""
+    rows = []
+    for name, label in VARIANT_LABELS.items():
+        steps = _variant(part, name).get("breakdown")
+        if name not in IN_PLACE_VARIANTS:
+            continue
+        if not isinstance(steps, dict) or not steps:
+            continue
+        cells = " | ".join(f"{steps[k]}" if steps.get(k) is not None else "-" for k in BREAKDOWN_STEPS)
+        v = _variant(part, name)
+        rows.append(f"| {label} | {cells} | {v.get('recovery_s', '-')} | {v.get('load_at_kill', '-')} |")
+    if not rows:
+        return []
+    return [
+        "Where the seconds went (seconds after the kill at which each step ended):",
+        "",
+        f"| recovery | {' | '.join(BREAKDOWN_STEPS.values())} | fresh again | load at the kill |",
+        f"|---|{'---:|' * (len(BREAKDOWN_STEPS) + 2)}",
+        *rows,
+        "",
+        "Python up: the restarted process's interpreter and imports; JVM and session: Spark's; job resumed: "
+        "its plan built and query started from the checkpoint; 1st batch: the restarted query's first "
+        "micro-batch with rows (it replays the batch the kill interrupted, and restores the RocksDB state); "
+        "1st output / in Redis: the first window update of a marker sent after the kill, in the job's "
+        "output topic (its CreateTime) and in Redis.",
+        "",
+    ]
 
 
 def _memory_md(part: Part | None) -> list[str]:

@@ -162,6 +162,7 @@ class JobRunner:
             current = self.table.find(spec.id)
             if current is not None and current.state in ACTIVE_STATES:
                 raise JobStateError(f"job {spec.id} is already {current.state}")
+            began = time.monotonic()
             savepoint = self._savepoint(from_savepoint, spec)
             checkpoints = self.checkpoints(spec.id)
             live = checkpoints.live()
@@ -173,7 +174,9 @@ class JobRunner:
                 plan = self.plan(spec, *ckpt.state_format(self.storage, checkpoints.epoch_dir(live)))
             else:
                 plan = self.plan(spec)  # checked before any file is touched: a bad spec changes nothing
+            planned = time.monotonic()
             epoch = self._prepare_checkpoint(spec, savepoint, plan, live)
+            steps = {"plan": planned - began, "checkpoint": time.monotonic() - planned}
             job = HostedJob(
                 spec=spec,
                 epoch=epoch,
@@ -183,7 +186,7 @@ class JobRunner:
                 trace=plan.trace,
             )
             self._set(job)
-            self._run(job, plan)
+            self._run(job, plan, steps)
             self.ledger.put(LedgerEntry(spec=spec, should_run=True, epoch=epoch, crashes=crashes))
             return self.table.view(job)
 
@@ -220,14 +223,23 @@ class JobRunner:
         if spec.kind == "windowed":
             publish_fence(self.settings.kafka, spec.output_topic, spec.id, epoch)
 
-    def _run(self, job: HostedJob, plan: Plan | None = None) -> None:
+    def _run(self, job: HostedJob, plan: Plan | None = None, steps: dict[str, float] | None = None) -> None:
+        """Start the job's query; ``steps``: how long the start's earlier steps took (for its log)."""
         spec = job.spec
+        steps = dict(steps or {})
         try:
+            began = time.monotonic()
             topics = [s.valid_topic for s in spec.sources] + [spec.output_topic]
             ensure_topics(self.settings.kafka, topics, self.settings.topic_partitions)
+            steps["topics"] = time.monotonic() - began
             self._check_task_slots(spec)
             if not self.checkpoints(spec.id).is_live(job.epoch):
                 raise CheckpointTakenError(f"job {spec.id}: another processor took its checkpoint over")
+            if plan is None:
+                began = time.monotonic()
+                plan = self.plan(spec, job.versions, job.trace)
+                steps["plan"] = time.monotonic() - began
+            began = time.monotonic()
             query = start_query(
                 self.spark,
                 spec,
@@ -235,8 +247,9 @@ class JobRunner:
                 self.checkpoints(spec.id).epoch_dir(job.epoch),
                 self.settings.tuning.max_offsets_per_trigger,
                 epoch=job.epoch,
-                plan=plan or self.plan(spec, job.versions, job.trace),
+                plan=plan,
             )
+            steps["query"] = time.monotonic() - began
         except CheckpointTakenError:  # another processor runs it now (control sorts out which)
             self._yield(job)
             raise
@@ -247,7 +260,13 @@ class JobRunner:
             self._set(job, state=JobState.FAILED, message=_first_line(e))
             raise ProcessorError(f"job {spec.id} did not start: {_first_line(e)}") from e
         self._set(job, query=query, state=JobState.RUNNING, message="", running_since=time.monotonic())
-        log.info("job %s running (epoch %d, checkpoint %s)", spec.id, job.epoch, self.checkpoint_dir(spec.id))
+        log.info(
+            "job %s running (epoch %d, checkpoint %s); its start took %s",
+            spec.id,
+            job.epoch,
+            self.checkpoint_dir(spec.id),
+            ", ".join(f"{step} {seconds:.2f} s" for step, seconds in steps.items()),
+        )
 
     def _yield(self, job: HostedJob) -> None:
         """The job moved to another processor: off this one's table (heartbeats stop reporting it, so

@@ -6,14 +6,17 @@ import logging
 import os
 import re
 import shlex
+import time
 from pathlib import Path
 from typing import Any
 
+from pyspark import SparkConf, SparkContext
 from pyspark.sql import SparkSession
 
 from services.processor.errors import ProcessorError
 from services.processor.settings import ProcessorSettings
 from shared.slots import BATCH_SLOTS_PER_CORE, Slots
+from services.processor.start_clock import StartClock
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +33,7 @@ CHECKPOINT_FILE_MANAGER = (
 FORKLESS_LOCAL_FS = "io.streamforge.hadoop.ForklessLocalFileSystem"
 REALTIME_SHUFFLE_FLUSH = "spark.shuffle.streaming.networkBufferMaxWaitTimeMs"
 STATE_CLEANUP_PER_ROW = "spark.sql.streaming.statefulOperator.incrementalCleanupFactor"
+STATE_MAINTENANCE_INTERVAL = "spark.sql.streaming.stateStore.maintenanceInterval"
 OBJECT_HASH_AGG_GROUPS = "spark.sql.objectHashAggregate.sortBased.fallbackThreshold"
 AUTHENTICATE = "spark.authenticate"
 
@@ -128,6 +132,24 @@ def local_file_system(spark: SparkSession) -> Any:
     return jvm.org.apache.hadoop.fs.FileSystem.get(jvm.java.net.URI("file:///"), hadoop)
 
 
+def preload(spark: SparkSession) -> None:
+    """Load what a job's first micro-batch needs first and that no query start needs: RocksDB's
+    native library (extracted from its jar, then linked) and the Hadoop file system of ``file:``
+    paths. Run beside the jobs' starts (a thread of its own), it takes that time off their first
+    batch; a failure is logged, and the first batch loads them itself."""
+    began = time.monotonic()
+    try:
+        fs = local_file_system(spark).getClass().getName()
+        jvm = spark.sparkContext._jvm
+        if jvm is None:
+            raise ProcessorError("the SparkSession has no JVM gateway")
+        jvm.org.apache.spark.sql.execution.streaming.state.RocksDBLoader.loadLibrary()
+    except Exception as e:
+        log.warning("preloading for the first batch failed (%s: %s)", type(e).__name__, str(e)[:200])
+        return
+    log.info("file: paths through %s; RocksDB's library loaded (%.1f s)", fs, time.monotonic() - began)
+
+
 def session_conf(settings: ProcessorSettings, scratch: Path | None = None) -> dict[str, str]:
     """The Spark settings that follow from the processor's own; ``spark_conf`` wins over defaults.
 
@@ -140,6 +162,7 @@ def session_conf(settings: ProcessorSettings, scratch: Path | None = None) -> di
         **({DEFAULT_PARALLELISM: str(local[0])} if local is not None else {}),
         REALTIME_SHUFFLE_FLUSH: str(settings.tuning.realtime_shuffle_flush_ms),
         STATE_CLEANUP_PER_ROW: str(settings.tuning.state_cleanup_per_row),
+        STATE_MAINTENANCE_INTERVAL: f"{settings.tuning.state_maintenance_interval_s}s",
         OBJECT_HASH_AGG_GROUPS: str(settings.tuning.object_hash_agg_groups),
         **local_auth_options(settings),
         **settings.spark_conf,
@@ -172,44 +195,73 @@ def _add_java_options(conf: dict[str, str], key: str, *options: str) -> None:
         conf[key] = joined
 
 
-def build_spark(settings: ProcessorSettings, jars: list[str], scratch: Path | None = None) -> SparkSession:
-    # Spark's web UI binds to SPARK_LOCAL_IP, else to every interface: keep it on loopback.
-    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    builder = (
-        SparkSession.builder.master(master_url(settings))
-        .appName("streamforge-processor")
-        .config("spark.jars", ",".join(jars))
-        .config("spark.driver.memory", settings.driver_memory)
-        .config("spark.sql.shuffle.partitions", str(settings.tuning.shuffle_partitions))
-        .config("spark.sql.session.timeZone", "UTC")
+def spark_options(
+    settings: ProcessorSettings, jars: list[str], scratch: Path | None = None
+) -> dict[str, str]:
+    """Every Spark setting the processor's session starts with, master and application name included."""
+    options = {
+        "spark.master": master_url(settings),
+        "spark.app.name": "streamforge-processor",
+        "spark.jars": ",".join(jars),
+        "spark.driver.memory": settings.driver_memory,
+        "spark.sql.shuffle.partitions": str(settings.tuning.shuffle_partitions),
+        "spark.sql.session.timeZone": "UTC",
         # A bad cast or a division by zero in a job expression gives NULL instead of failing the
         # query on one odd event.
-        .config("spark.sql.ansi.enabled", "false")
-        .config("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
+        "spark.sql.ansi.enabled": "false",
+        "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
         # Each batch uploads only the changed state, not a RocksDB snapshot.
-        .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
+        "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
         # HDFS: closing a file polls the NameNode until its DataNodes reported the block, and Hadoop's
         # first wait is long next to writing a small file; a checkpoint closes several per batch.
-        .config("spark.hadoop.dfs.client.block.write.locateFollowingBlock.initial.delay.ms", "5")
+        "spark.hadoop.dfs.client.block.write.locateFollowingBlock.initial.delay.ms": "5",
         # FileSystem, not FileContext, for local checkpoints: without Hadoop's native library
         # FileContext's rename forks `readlink`. Two queries never write one checkpoint directory
         # (each start runs in an epoch directory of its own: state/checkpoints.py); checkpoints on
         # HDFS get FileContext per query (jobs/query.py).
-        .config("spark.sql.streaming.checkpointFileManagerClass", CHECKPOINT_FILE_MANAGER)
+        "spark.sql.streaming.checkpointFileManagerClass": CHECKPOINT_FILE_MANAGER,
         # Without these Spark binds to the first non-loopback address.
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.ui.enabled", str(settings.spark_ui_enabled).lower())
-        .config("spark.ui.port", str(settings.spark_ui_port))
+        "spark.driver.host": "127.0.0.1",
+        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.ui.enabled": str(settings.spark_ui_enabled).lower(),
+        "spark.ui.port": str(settings.spark_ui_port),
         # A read-only UI: no links that kill a job's stages from a browser.
-        .config("spark.ui.killEnabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
+        "spark.ui.killEnabled": "false",
+        "spark.ui.showConsoleProgress": "false",
         # Kafka options carry the processor's SCRAM password in their JAAS line: plans, the UI and
         # logs show such an option's value as *********(redacted).
-        .config("spark.sql.redaction.options.regex", "(?i)url|jaas")
-    )
-    for key, value in session_conf(settings, scratch).items():
+        "spark.sql.redaction.options.regex": "(?i)url|jaas",
+    }
+    return {**options, **session_conf(settings, scratch)}
+
+
+def launch_jvm(options: dict[str, str]) -> None:
+    """Start Spark's JVM (the driver) with ``options``, the part of a session's start that needs no
+    Python beyond pyspark's gateway: the session built next with the same options finds it running."""
+    # Spark's web UI binds to SPARK_LOCAL_IP, else to every interface: keep it on loopback.
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    conf = SparkConf()
+    conf.setAll(list(options.items()))
+    # What SparkContext's constructor does first (pyspark has no public call for the gateway alone).
+    SparkContext._ensure_initialized(conf=conf)
+
+
+def build_spark(
+    settings: ProcessorSettings,
+    jars: list[str],
+    scratch: Path | None = None,
+    clock: StartClock | None = None,
+) -> SparkSession:
+    """The processor's SparkSession; ``clock`` marks when its JVM answered and when it was up."""
+    options = spark_options(settings, jars, scratch)
+    launch_jvm(options)
+    if clock is not None:
+        clock.mark("jvm")
+    builder = SparkSession.builder
+    for key, value in options.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    if clock is not None:
+        clock.mark("session")
     return spark
