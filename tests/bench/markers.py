@@ -256,6 +256,32 @@ def stage_breakdown(
     return {stage: percentiles_ms(values) for stage, values in stages.items()}
 
 
+def timeline(
+    markers: list[Marker],
+    watch: MarkerWatch,
+    valid: dict[str, float],
+    output: dict[str, float],
+    written: dict[str, float],
+) -> list[list[float | None]]:
+    """Per marker, in the order sent: its send time (epoch s) and, in ms from it, when it was in
+    ``.valid``, in the output topic, written by the sink and seen in Redis (None: not known). Lines
+    a slow marker up with what happened then (a real-time batch boundary, another job's batch)."""
+
+    def after(m: Marker, at: float | None) -> float | None:
+        return None if at is None else round((at - m.sent) * 1000, 1)
+
+    return [
+        [
+            round(m.sent, 3),
+            after(m, valid.get(m.key)),
+            after(m, output.get(m.key)),
+            after(m, written.get(m.key)),
+            after(m, watch.seen.get(m.key)),
+        ]
+        for m in markers
+    ]
+
+
 def percentiles_ms(values: list[float]) -> dict[str, float]:
     """p50/p95/p99/max (nearest rank) and mean of ``values`` (seconds), in milliseconds."""
     if not values:

@@ -621,12 +621,15 @@ def target_lines(parts: dict[str, Part]) -> list[str]:
         )
     modes = (fresh or {}).get("modes", {})
     realtime: list[Check] = []
+    micro_1s: list[Check] = []
     micro: list[Check] = []
     for mode, m in modes.items():
         point = m.get("points", {}).get("10000", {})
         p50, p99 = point.get("p50_ms"), point.get("p99_ms")
         figure = f"p50 {_ms(p50)}, p99 {_ms(p99)}" if _num(p50, p99) else None
         if mode.startswith("real_time"):
+            if figure is not None and _num(p99):
+                figure += f", {_ms(p99 - 100)} above the design's p99 < 100 ms" if p99 >= 100 else ""
             realtime.append(
                 (
                     f"{mode.replace('_', '-')} (trigger {m.get('trigger_interval_ms', '?')} ms) ",
@@ -635,8 +638,17 @@ def target_lines(parts: dict[str, Part]) -> list[str]:
                     _within(p50, high=50) and _within(p99, high=250),
                 )
             )
+        elif mode == "micro_batch_1s":
+            micro_1s.append(("", figure, m.get("exact"), _within(p99, high=1000)))
         elif mode == "micro_batch":
-            micro.append(("", figure, m.get("exact"), _within(p99, high=1500)))
+            micro.append(
+                (
+                    f"trigger {m.get('trigger_interval_ms', '?')} ms ",
+                    figure,
+                    m.get("exact"),
+                    _within(p99, high=1500),
+                )
+            )
     restarts: list[Check] = []
     for name in VARIANT_LABELS:
         v = _variant(recovery or {}, name)
@@ -659,7 +671,18 @@ def target_lines(parts: dict[str, Part]) -> list[str]:
             "freshness",
             realtime,
         ),
-        _target("micro-batch freshness at 10,000 events/s: p99 ≤ 1.5 s", fresh, "freshness", micro),
+        _target(
+            "micro-batch freshness with a 1 s trigger at 10,000 events/s: p99 ≤ 1 s",
+            fresh,
+            "freshness",
+            micro_1s,
+        ),
+        _target(
+            "micro-batch freshness with its default trigger at 10,000 events/s: p99 ≤ 1.5 s",
+            fresh,
+            "freshness",
+            micro,
+        ),
         _target(
             "recovery after a processor SIGKILL: fresh again within 10 s", recovery, "recovery", restarts
         ),
