@@ -20,6 +20,8 @@ point says "not available: <control's answer>"). Per mode, at 10,000 events/s (b
 - per stage (tests/bench/markers.py `stage_breakdown`): p50/p95/p99 of the markers' time to
   `.valid` (ingest), from there to their window's update in the output topic (processor, with
   ingest's transaction commit) and from there to Redis (sink), from the records' CreateTimes; of
+  the processor's part, until ingest's transaction committed (commit: its commit marker's time in
+  the broker's log, tests/bench/markers.py `commit_times`); of
   the sink's part, from its Redis call (the window's ``updated_at_ms``, the sink's clock) to the
   notification (redis: the call's packing, Redis running it, the notification's delivery here);
 - CPU per process during the measurement (tests/bench/probe.py), and how long the processor had been
@@ -44,7 +46,7 @@ import redis
 import yaml
 
 from infra.local import procs
-from infra.local.stack import StackConfig
+from infra.local.stack import StackConfig, broker
 from infra.paths import ROOT
 from shared import constants
 from shared.jobspec import JobSpec
@@ -53,10 +55,13 @@ from tests.bench.markers import (
     MARKER_PREFIX,
     Load,
     MarkerWatch,
+    commit_times,
+    first_records,
     first_timestamps,
     percentiles_ms,
     stage_breakdown,
     timeline,
+    visible_at,
     written_at,
 )
 from tests.bench.probe import StageProbe
@@ -121,7 +126,10 @@ def measure_mode(cfg: StackConfig, control: Control, client: redis.Redis, mode: 
                 }
             outcome = load.wait_exact(client, job_id)
             output_prefix = f"{job_id}|".encode()
-            valid = first_timestamps(cfg.bootstrap, constants.valid_topic(job_id), since_ms, _marker_key)
+            valid_topic = constants.valid_topic(job_id)
+            valid_records = first_records(cfg.bootstrap, valid_topic, since_ms, _marker_key)
+            valid = {key: at for key, (_, _, at) in valid_records.items()}
+            committed = visible_at(valid_records, _commits(cfg, valid_topic, valid_records))
             output = first_timestamps(
                 cfg.bootstrap,
                 parsed.output_topic,
@@ -134,14 +142,22 @@ def measure_mode(cfg: StackConfig, control: Control, client: redis.Redis, mode: 
                 point.update(percentiles_ms(seen))
                 point["lost"] = len(sent) - len(seen)
                 written = written_at(client, job_id, sent)
-                point["stages"] = stage_breakdown(sent, watch, valid, output, written)
-                point["timeline"] = timeline(sent, watch, valid, output, written)
+                point["stages"] = stage_breakdown(sent, watch, valid, output, written, committed)
+                point["timeline"] = timeline(sent, watch, valid, committed, output, written)
         out["exact"] = outcome.exact
         out["problems"] = outcome.problems
         out["events_sent"] = load.sent
     finally:
         control.cancel(job_id)
     return out
+
+
+def _commits(
+    cfg: StackConfig, topic: str, records: dict[str, tuple[int, int, float]]
+) -> dict[int, list[tuple[int, float]]]:
+    """The commit markers of the partitions of ``topic`` that hold the markers' records."""
+    data = broker(cfg).data_dir
+    return {p: commit_times(data / f"{topic}-{p}") for p in {p for p, _, _ in records.values()}}
 
 
 def _marker_key(key: bytes) -> str | None:

@@ -203,13 +203,14 @@ def _freshness_md(part: Part | None) -> list[str]:
         return [*out, "not run" if part is None else f"failed: {part['error']}", ""]
     out += [
         "| mode | events/s | p50 | p95 | p99 | max | ingest p50 / p99 | processor p50 / p99 | "
-        "sink p50 / p99 | of it, redis p50 / p99 | processor up (cores) | markers | checked |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "of it, commit p50 / p99 | sink p50 / p99 | of it, redis p50 / p99 | processor up (cores) | "
+        "markers | checked |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for mode, m in part.get("modes", {}).items():
         label = mode.replace("_", "-")
         if not m.get("available"):
-            out.append(f"| {label} | - | not available: {m.get('reason', '?')} | | | | | | | | | | |")
+            out.append(f"| {label} | - | not available: {m.get('reason', '?')} | | | | | | | | | | | |")
             continue
         label += f" (trigger {m.get('trigger_interval_ms')} ms)"
         for rate, p in m.get("points", {}).items():
@@ -219,7 +220,7 @@ def _freshness_md(part: Part | None) -> list[str]:
             stages = p.get("stages") or {}
             split = " | ".join(
                 f"{_ms(stages.get(s, {}).get('p50_ms'))} / {_ms(stages.get(s, {}).get('p99_ms'))}"
-                for s in ("ingest", "processor", "sink", "redis")
+                for s in ("ingest", "processor", "commit", "sink", "redis")
             )
             up, cores = p.get("processor_up_s"), (p.get("cores") or {}).get("processor", "?")
             age = f"{up / 60:.1f} min ({cores})" if up is not None else "?"
@@ -231,7 +232,8 @@ def _freshness_md(part: Part | None) -> list[str]:
     out += [
         "",
         "Stages, from the markers' Kafka CreateTimes: ingest = sent → produced to `.valid`; processor = "
-        "→ its window's update produced to the output topic (with ingest's transaction commit); sink = "
+        "→ its window's update produced to the output topic (with ingest's transaction commit); of it, "
+        "commit = until that transaction's commit marker (from the broker's log); sink = "
         "→ written to Redis (with the output topic's delivery); of it, redis = from the sink's Redis call "
         "(the window's `updated_at_ms`) → the notification. Processor up: how long its process "
         "had run when the point's measurement began (the modes share one processor, in this order; its "
