@@ -29,7 +29,8 @@ point says "not available: <control's answer>"). Per mode, at 10,000 events/s (b
   measured later meet a warmer processor;
 - checked: after the load stops, every window in Redis equals the count of events sent to it.
 
-``SF_BENCH_FRESHNESS_MODES=real_time`` measures only the modes named (comma-separated).
+``SF_BENCH_FRESHNESS_MODES=real_time`` measures only the modes named (comma-separated),
+``SF_BENCH_FRESHNESS_RATES=1000,10000`` at those rates (events/s, in that order).
 ``SF_BENCH_SPARK_EVENT_LOG=1`` has the processor write Spark's event log (when this part starts it)
 and records each real-time mode's batch boundaries from it (tests/bench/boundaries.py).
 """
@@ -76,7 +77,7 @@ MODES: dict[str, dict[str, Any]] = {
     "real_time_5s": {"trigger_mode": "real_time", "trigger_interval": "5s"},
 }
 DEFAULT_MODES = ("real_time", "micro_batch_1s", "micro_batch")
-RATES = (10_000,)
+RATES = tuple(int(r) for r in os.environ.get("SF_BENCH_FRESHNESS_RATES", "10000").split(","))
 MARKERS_PER_S = 20
 WARMUP_S, RATE_CHANGE_S, MEASURE_S, TAIL_S = 10, 5, 30, 5
 DEMO_SPEC = ROOT / "services" / "processor" / "examples" / "page_views.yaml"
