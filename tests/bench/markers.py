@@ -16,12 +16,15 @@ measurement itself adds no consumer to the machine.
 
 from __future__ import annotations
 
+import bisect
 import math
+import struct
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import orjson
 import redis
@@ -174,6 +177,14 @@ def first_timestamps(
     ``key_of`` maps a record's key to the marker key it is about (None: not a marker's record).
     Reads every partition from ``since_ms`` to the end offsets it had when called.
     """
+    return {key: at for key, (_, _, at) in first_records(bootstrap, topic, since_ms, key_of).items()}
+
+
+def first_records(
+    bootstrap: str, topic: str, since_ms: int, key_of: Callable[[bytes], str | None]
+) -> dict[str, tuple[int, int, float]]:
+    """Per marker key: (partition, offset, CreateTime in s) of its first record in ``topic``, as
+    ``first_timestamps`` finds it."""
     consumer = Consumer(
         {
             **client_config(bootstrap),
@@ -192,7 +203,7 @@ def first_timestamps(
         }
         todo = {tp.partition for tp in starts if 0 <= tp.offset < ends[tp.partition]}
         consumer.assign([tp for tp in starts if tp.partition in todo])
-        first: dict[str, float] = {}
+        first: dict[str, tuple[int, int, float]] = {}
         deadline = time.monotonic() + 120
         while todo and time.monotonic() < deadline:
             for msg in consumer.consume(num_messages=10_000, timeout=1.0):
@@ -206,11 +217,63 @@ def first_timestamps(
                     todo.discard(partition)
                 for key in _keys(msg):
                     marker = key_of(key)
-                    if marker is not None and marker not in first:
-                        first[marker] = msg.timestamp()[1] / 1000
+                    if marker is not None and marker not in first and offset is not None:
+                        first[marker] = (partition, offset, msg.timestamp()[1] / 1000)
         return first
     finally:
         consumer.close()
+
+
+# A record batch's header (Kafka's message format v2) up to its record count, and the two bits of its
+# attributes that matter here.
+_BATCH_HEADER = struct.Struct(">qiibIhiqqqhii")
+_TRANSACTIONAL, _CONTROL = 0x10, 0x20
+_COMMIT = 1
+
+
+def commit_times(topic_dir: Path) -> list[tuple[int, float]]:
+    """(offset, time in s) of every transaction commit marker in a partition's log, in order.
+
+    Read from the broker's segment files, which it only appends to: a consumer never sees control
+    records, and the marker's timestamp is when the broker wrote it, i.e. when the transaction's
+    records became visible to read_committed consumers.
+    """
+    out: list[tuple[int, float]] = []
+    for segment in sorted(topic_dir.glob("*.log")):
+        data = segment.read_bytes()
+        at = 0
+        while at + _BATCH_HEADER.size <= len(data):
+            base, length, _, _, _, attributes, _, _, max_ts, _, _, _, _ = _BATCH_HEADER.unpack_from(data, at)
+            end = at + 12 + length
+            if length <= 0 or end > len(data):
+                break  # the end of what the broker has written so far
+            if attributes & _CONTROL and attributes & _TRANSACTIONAL:
+                # The control record's key: version (int16) then type (int16; 0 abort, 1 commit),
+                # after its length, attributes, timestamp delta, offset delta and key length varints.
+                record = memoryview(data)[at + _BATCH_HEADER.size : end]
+                pos = 0
+                for _ in range(5):
+                    while record[pos] & 0x80:
+                        pos += 1
+                    pos += 1
+                if struct.unpack_from(">h", record, pos + 2)[0] == _COMMIT:
+                    out.append((base, max_ts / 1000))
+            at = end
+    return out
+
+
+def visible_at(
+    records: dict[str, tuple[int, int, float]], commits: dict[int, list[tuple[int, float]]]
+) -> dict[str, float]:
+    """Per marker key: when the transaction that wrote its record committed (the first commit marker
+    after the record on its partition)."""
+    out: dict[str, float] = {}
+    for key, (partition, offset, _) in records.items():
+        markers = commits.get(partition, [])
+        i = bisect.bisect_right(markers, (offset, math.inf))
+        if i < len(markers):
+            out[key] = markers[i][1]
+    return out
 
 
 def _keys(msg: Message) -> list[bytes]:
@@ -238,13 +301,16 @@ def stage_breakdown(
     valid: dict[str, float],
     output: dict[str, float],
     written: dict[str, float],
+    committed: dict[str, float] | None = None,
 ) -> dict[str, dict[str, float]]:
     """Percentiles of each stage's share of the markers' freshness: ingest (sent -> produced to
     ``.valid``), processor (-> its window update produced to the output topic; includes ingest's
     transaction commit, before which the processor cannot read it) and sink (-> written to Redis);
     and of the sink's part, redis: from the sink's write call (``written_at``) to the notification,
-    for the markers written once (a later write's time would come after the first notification)."""
-    stages: dict[str, list[float]] = {"ingest": [], "processor": [], "sink": [], "redis": []}
+    for the markers written once (a later write's time would come after the first notification);
+    and of the processor's part, commit: until ingest's transaction holding the marker committed
+    (``committed``, when known)."""
+    stages: dict[str, list[float]] = {"ingest": [], "commit": [], "processor": [], "sink": [], "redis": []}
     for m in markers:
         seen = watch.seen.get(m.key)
         if seen is None or m.key not in valid or m.key not in output:
@@ -252,9 +318,31 @@ def stage_breakdown(
         stages["ingest"].append(valid[m.key] - m.sent)
         stages["processor"].append(output[m.key] - valid[m.key])
         stages["sink"].append(seen - output[m.key])
+        if committed is not None and m.key in committed:
+            stages["commit"].append(committed[m.key] - valid[m.key])
         if output[m.key] <= written.get(m.key, math.inf) <= seen:
             stages["redis"].append(seen - written[m.key])
     return {stage: percentiles_ms(values) for stage, values in stages.items()}
+
+
+def timeline(
+    markers: list[Marker],
+    watch: MarkerWatch,
+    valid: dict[str, float],
+    committed: dict[str, float],
+    output: dict[str, float],
+    written: dict[str, float],
+) -> list[list[float | None]]:
+    """Per marker, in the order sent: its send time (epoch s) and, in ms from it, when it was in
+    ``.valid``, when ingest's transaction holding it committed, when its window's update was in the
+    output topic, written by the sink and seen in Redis (None: not known). Lines a slow marker up
+    with what happened then (a real-time batch boundary, another job's batch)."""
+
+    def after(m: Marker, at: float | None) -> float | None:
+        return None if at is None else round((at - m.sent) * 1000, 1)
+
+    stages = (valid, committed, output, written, watch.seen)
+    return [[round(m.sent, 3), *(after(m, times.get(m.key)) for times in stages)] for m in markers]
 
 
 def percentiles_ms(values: list[float]) -> dict[str, float]:

@@ -204,13 +204,14 @@ def _freshness_md(part: Part | None) -> list[str]:
         return [*out, "not run" if part is None else f"failed: {part['error']}", ""]
     out += [
         "| mode | events/s | p50 | p95 | p99 | max | ingest p50 / p99 | processor p50 / p99 | "
-        "sink p50 / p99 | of it, redis p50 / p99 | processor up (cores) | markers | checked |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "of it, commit p50 / p99 | sink p50 / p99 | of it, redis p50 / p99 | processor up (cores) | "
+        "markers | checked |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for mode, m in part.get("modes", {}).items():
         label = mode.replace("_", "-")
         if not m.get("available"):
-            out.append(f"| {label} | - | not available: {m.get('reason', '?')} | | | | | | | | | | |")
+            out.append(f"| {label} | - | not available: {m.get('reason', '?')} | | | | | | | | | | | |")
             continue
         label += f" (trigger {m.get('trigger_interval_ms')} ms)"
         for rate, p in m.get("points", {}).items():
@@ -220,7 +221,7 @@ def _freshness_md(part: Part | None) -> list[str]:
             stages = p.get("stages") or {}
             split = " | ".join(
                 f"{_ms(stages.get(s, {}).get('p50_ms'))} / {_ms(stages.get(s, {}).get('p99_ms'))}"
-                for s in ("ingest", "processor", "sink", "redis")
+                for s in ("ingest", "processor", "commit", "sink", "redis")
             )
             up, cores = p.get("processor_up_s"), (p.get("cores") or {}).get("processor", "?")
             age = f"{up / 60:.1f} min ({cores})" if up is not None else "?"
@@ -232,7 +233,8 @@ def _freshness_md(part: Part | None) -> list[str]:
     out += [
         "",
         "Stages, from the markers' Kafka CreateTimes: ingest = sent → produced to `.valid`; processor = "
-        "→ its window's update produced to the output topic (with ingest's transaction commit); sink = "
+        "→ its window's update produced to the output topic (with ingest's transaction commit); of it, "
+        "commit = until that transaction's commit marker (from the broker's log); sink = "
         "→ written to Redis (with the output topic's delivery); of it, redis = from the sink's Redis call "
         "(the window's `updated_at_ms`) → the notification. Processor up: how long its process "
         "had run when the point's measurement began (the modes share one processor, in this order; its "
@@ -690,12 +692,15 @@ def target_lines(parts: dict[str, Part]) -> list[str]:
         )
     modes = (fresh or {}).get("modes", {})
     realtime: list[Check] = []
+    micro_1s: list[Check] = []
     micro: list[Check] = []
     for mode, m in modes.items():
         point = m.get("points", {}).get("10000", {})
         p50, p99 = point.get("p50_ms"), point.get("p99_ms")
         figure = f"p50 {_ms(p50)}, p99 {_ms(p99)}" if _num(p50, p99) else None
         if mode.startswith("real_time"):
+            if figure is not None and _num(p99):
+                figure += f", {_ms(p99 - 100)} above the design's p99 < 100 ms" if p99 >= 100 else ""
             realtime.append(
                 (
                     f"{mode.replace('_', '-')} (trigger {m.get('trigger_interval_ms', '?')} ms) ",
@@ -704,8 +709,17 @@ def target_lines(parts: dict[str, Part]) -> list[str]:
                     _within(p50, high=50) and _within(p99, high=250),
                 )
             )
+        elif mode == "micro_batch_1s":
+            micro_1s.append(("", figure, m.get("exact"), _within(p99, high=1000)))
         elif mode == "micro_batch":
-            micro.append(("", figure, m.get("exact"), _within(p99, high=1500)))
+            micro.append(
+                (
+                    f"trigger {m.get('trigger_interval_ms', '?')} ms ",
+                    figure,
+                    m.get("exact"),
+                    _within(p99, high=1500),
+                )
+            )
     restarts: list[Check] = []
     for name in VARIANT_LABELS:
         v = _variant(recovery or {}, name)
@@ -728,7 +742,18 @@ def target_lines(parts: dict[str, Part]) -> list[str]:
             "freshness",
             realtime,
         ),
-        _target("micro-batch freshness at 10,000 events/s: p99 ≤ 1.5 s", fresh, "freshness", micro),
+        _target(
+            "micro-batch freshness with a 1 s trigger at 10,000 events/s: p99 ≤ 1 s",
+            fresh,
+            "freshness",
+            micro_1s,
+        ),
+        _target(
+            "micro-batch freshness with its default trigger at 10,000 events/s: p99 ≤ 1.5 s",
+            fresh,
+            "freshness",
+            micro,
+        ),
         _target(
             "recovery after a processor SIGKILL: fresh again within 10 s", recovery, "recovery", restarts
         ),
