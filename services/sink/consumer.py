@@ -138,13 +138,13 @@ class Sink:
         return list(self._topics)
 
     def apply_streams(self, specs: list[JobSpec]) -> list[str]:
-        """Read the configured topics plus the output topics of these windowed jobs; returns them.
+        """Read the configured topics plus the output topics of these jobs' results; returns them.
 
         Called by control (gRPC thread): the topics are created here, the loop subscribes on its next
         turn (the rebalance that follows writes and commits what was read, as any rebalance does).
         """
         wanted = sorted(
-            set(self.settings.topics) | {spec.output_topic for spec in specs if spec.kind == "windowed"}
+            set(self.settings.topics) | {spec.output_topic for spec in specs if spec.writes_results}
         )
         try:
             self._ensure_topics(wanted)

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from opentelemetry import trace
 
 from services.control import dashboard
-from services.control.api.routes import cluster, health, jobs, monitoring, services
+from services.control.api.routes import cluster, health, jobs, monitoring, operators, services
 from services.control.dashboard.settings import DashboardSettings
 from services.control.errors import ControlError, NotLeader
 from services.control.plane import ControlPlane
@@ -78,7 +78,14 @@ def create_app(
             headers = {"Retry-After": "1", constants.CONTROL_LEADER_HEADER: exc.leader_api_url}
         return JSONResponse({"detail": str(exc)}, status_code=exc.http_status, headers=headers)
 
-    routers = (health.router, jobs.router, services.router, cluster.router, monitoring.router)
+    routers = (
+        health.router,
+        jobs.router,
+        services.router,
+        cluster.router,
+        monitoring.router,
+        operators.router,
+    )
     for router in (*routers, dashboard.router):
         app.include_router(router)
     app.state.dashboard_sources = _dashboard_sources(control)

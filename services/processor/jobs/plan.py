@@ -17,6 +17,7 @@ from services.processor.jobs.columns import EVENT_TIME, KEY, ROWS, TRACE, TRACE_
 from services.processor.jobs.records import to_event_records
 from services.processor.jobs.source import events, row_schema
 from services.processor.jobs.versions import BATCH_VERSIONS, ROW_VERSIONS
+from services.processor.operators.plan import operator_rows
 from services.processor.tracing import (
     TRACE_NUMBERS,
     TRACE_TEXT,
@@ -142,7 +143,8 @@ class Plan:
     """What start_query needs; building it checks every expression of the spec."""
 
     spec: JobSpec
-    output: DataFrame  # windowed: results per window; others: Kafka records (key, value, headers)
+    # windowed: results per window; process: the operator's rows; others: Kafka records (key, value, headers)
+    output: DataFrame
     having: Column | None
     output_mode: str
     versions: str  # how window results are versioned: BATCH_VERSIONS only where build_plan needs it
@@ -177,6 +179,8 @@ def build_plan(
                 )
         mode = "update" if spec.emit == "on_update" else "append"
         return Plan(spec, results, having(spark, spec, results), mode, versions, trace)
+    if spec.kind == "process":
+        return Plan(spec, operator_rows(spec, rows), None, "append", versions, trace)
     # Dedup and joins emit each row once (append); stateless jobs have no state to finalise.
     mode = "update" if spec.kind == "stateless" else "append"
     return Plan(spec, to_event_records(spec, rows), None, mode, versions, trace)

@@ -214,7 +214,7 @@ class JobRunner:
         other processor can commit into it. What the old owner may still write to the output topic is
         fenced off for the sink; other jobs' outputs are read by users, who get no fence records."""
         log.info("job %s: took its checkpoint over in epoch %d", spec.id, epoch)
-        if spec.kind == "windowed":
+        if spec.writes_results:
             publish_fence(self.settings.kafka_bootstrap, spec.output_topic, spec.id, epoch)
 
     def _run(self, job: HostedJob, plan: Plan | None = None) -> None:

@@ -6,6 +6,7 @@ import logging
 import os
 import re
 import shlex
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ REALTIME_SHUFFLE_FLUSH = "spark.shuffle.streaming.networkBufferMaxWaitTimeMs"
 STATE_CLEANUP_PER_ROW = "spark.sql.streaming.statefulOperator.incrementalCleanupFactor"
 OBJECT_HASH_AGG_GROUPS = "spark.sql.objectHashAggregate.sortBased.fallbackThreshold"
 AUTHENTICATE = "spark.authenticate"
+PYTHON = "spark.pyspark.python"
 
 
 # local, local[N], local[*] and local[N,F] (F: task failures allowed)
@@ -134,6 +136,9 @@ def session_conf(settings: ProcessorSettings, scratch: Path | None = None) -> di
         STATE_CLEANUP_PER_ROW: str(settings.tuning.state_cleanup_per_row),
         OBJECT_HASH_AGG_GROUPS: str(settings.tuning.object_hash_agg_groups),
         **local_auth_options(settings),
+        # Operators (transformWithState) run in Python workers: this interpreter, with its packages
+        # and their entry points, not whatever `python3` the PATH finds.
+        PYTHON: sys.executable,
         **settings.spark_conf,
         **local_fs_options(settings),
     }
@@ -167,6 +172,8 @@ def _add_java_options(conf: dict[str, str], key: str, *options: str) -> None:
 def build_spark(settings: ProcessorSettings, jars: list[str], scratch: Path | None = None) -> SparkSession:
     # Spark's web UI binds to SPARK_LOCAL_IP, else to every interface: keep it on loopback.
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    # The interpreter of the driver's own Python runners (an operator's init): this one, as for executors.
+    os.environ.setdefault("PYSPARK_PYTHON", settings.spark_conf.get(PYTHON, sys.executable))
     builder = (
         SparkSession.builder.master(master_url(settings))
         .appName("streamforge-processor")
