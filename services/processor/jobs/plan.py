@@ -104,16 +104,47 @@ def sampled_trace(trace: str) -> tuple[list[Column], Column]:
     return kept, F.expr(spark_traceparent_of_numbers(TRACE_PART))
 
 
+REDUCED = "__reduced"
+
+
+def reduce_column(spark: SparkSession, spec: JobSpec, rows: DataFrame) -> Column | None:
+    """The spec's reduce as one aggregate: Spark SQL's ``aggregate`` over the window's values.
+
+    ``expr`` is checked as an expression of two columns ``a`` and ``b`` of the field's type, ``zero``
+    as one of none, each like a derived field; the fold is built around the checked texts, ``expr`` on
+    lines of its own so that a trailing comment cannot swallow what follows it.
+    """
+    if spec.reduce is None:
+        return None
+    r = spec.reduce
+    dtype = rows.schema[r.field].dataType
+    pair = T.StructType([T.StructField("a", dtype, True), T.StructField("b", dtype, True)])
+    checked_column(spark, r.expr, pair, "derive", "reduce.expr")
+    checked_column(spark, r.zero, T.StructType([]), "derive", "reduce.zero")
+    sql_type = dtype.simpleString()
+    return F.expr(
+        f"aggregate(collect_list(`{r.field}`), CAST(({r.zero}\n) AS {sql_type}), "
+        f"(a, b) -> CAST((\n{r.expr}\n) AS {sql_type}))"
+    )
+
+
 def windowed(
-    spec: JobSpec, rows: DataFrame, *, row_count: bool = True, trace: str = TRACE_NUMBERS
+    spec: JobSpec,
+    rows: DataFrame,
+    *,
+    row_count: bool = True,
+    trace: str = TRACE_NUMBERS,
+    reduced: Column | None = None,
 ) -> DataFrame:
     """Aggregates per (window, key): one column per output name, plus WINDOW and KEY, TRACE (and ROWS,
     the rows the window holds so far, unless ``row_count`` is false: checkpoints of before).
-    ``trace`` is how the state keeps the sampled trace context (tracing.TRACE_NUMBERS or TRACE_TEXT)."""
+    ``trace`` is how the state keeps the sampled trace context (tracing.TRACE_NUMBERS or TRACE_TEXT);
+    ``reduced``: the spec's reduce (reduce_column)."""
     group_cols, key = _group_columns(spec)
     trace_aggregates, traceparent = sampled_trace(trace)
     aggregated = rows.groupBy(_window_column(spec).alias(WINDOW), *group_cols).agg(
         *[_aggregate(a).alias(f"__agg_{i}") for i, a in enumerate(spec.aggregations)],
+        *([reduced.alias(REDUCED)] if reduced is not None else []),
         *trace_aggregates,
         # The rows in the window so far make its versions (versions.version_column).
         *([F.count(F.lit(1)).alias(ROWS)] if row_count else []),
@@ -125,6 +156,8 @@ def windowed(
                 outputs.append(F.col(f"__agg_{i}")[j].alias(f"{agg.name}_{percentile_suffix(q)}"))
         else:
             outputs.append(F.col(f"__agg_{i}").alias(agg.name))
+    if spec.reduce is not None and reduced is not None:
+        outputs.append(F.col(REDUCED).alias(spec.reduce.name))
     keep = list(spec.group_by or spec.source.key)
     rows_column = [ROWS] if row_count else []
     if spec.group_by is None:
@@ -169,7 +202,8 @@ def build_plan(
         trace = trace_state_for(spec)
     rows = events(spark, spec, bootstrap, max_offsets, task_records)
     if spec.kind == "windowed":
-        results = windowed(spec, rows, row_count=versions == ROW_VERSIONS, trace=trace)
+        reduced = reduce_column(spark, spec, rows)
+        results = windowed(spec, rows, row_count=versions == ROW_VERSIONS, trace=trace, reduced=reduced)
         for name in spec.aggregate_names:
             dtype = results.schema[name].dataType
             if not isinstance(dtype, T.NumericType):
