@@ -34,6 +34,9 @@ from tests.kafka_util import produce_packed, read_all
 from tests.operators_util import install_operators, shipped_operators
 
 pytestmark = pytest.mark.integration
+# Spark's transformWithState runs on Arrow: an environment without it cannot run a process job.
+pytest.importorskip("pyarrow", reason="transformWithState needs pyarrow and pandas (pyspark[sql])")
+pytest.importorskip("pandas", reason="transformWithState needs pyarrow and pandas (pyspark[sql])")
 BASE = 1_767_225_600_000
 DELAY_MS = 5_000
 GAP_MS = 10_000

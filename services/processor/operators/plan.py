@@ -7,6 +7,8 @@ the error's class and last line as headers, as ingest's do.
 
 from __future__ import annotations
 
+from importlib.util import find_spec
+
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
@@ -21,6 +23,7 @@ from services.processor.jobs.columns import (
 from services.processor.jobs.versions import version_column
 from services.processor.operators.runtime import OUTPUT_SCHEMA, OperatorJob, OperatorProcessor
 from shared import constants
+from shared.errors import SpecError
 from shared.jobspec import JobSpec
 from shared.operators import operator_named
 
@@ -32,6 +35,12 @@ def operator_rows(spec: JobSpec, rows: DataFrame) -> DataFrame:
     """The operator's output rows (runtime.OUTPUT_SCHEMA); refuses an operator not installed here, or
     parameters its Params model refuses (SpecError)."""
     assert spec.process is not None
+    missing = [m for m in ("pandas", "pyarrow") if find_spec(m) is None]
+    if missing:
+        raise SpecError(
+            f"process: Spark's transformWithState needs {' and '.join(missing)} in the processor's "
+            "environment, which has none"
+        )
     info = operator_named(spec.process.operator)
     params = info.params(spec.process.params).model_dump(mode="json")
     fields = [c for c in rows.columns if not c.startswith("__")]
