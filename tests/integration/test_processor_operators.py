@@ -16,20 +16,29 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+import grpc
 import orjson
 import pytest
+import redis
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
+from services.control.results import read_results
 from services.processor.jobs.query import start_query
+from services.processor.jobs.runner import JobRunner
+from services.processor.jobs.versions import split_version
+from services.sink.writer import ResultWriter
 from shared import constants
 from shared.errors import SpecError
-from shared.jobspec import JobSpec, Source
+from shared.jobspec import JobSpec, Source, spec_to_json
 from shared.kafka import ensure_topics
 from shared.operators import Context, Event, Operator, Result, StateStore
 from shared.operators.examples import FieldParams
+from shared.proto import streamforge_pb2 as pb
+from shared.proto import streamforge_pb2_grpc as pb_grpc
 from shared.records import WindowResult
 from tests.integration.test_processor import spark  # noqa: F401  (the shared session fixture)
+from tests.integration.test_processor_jobs import catch_up, processor  # noqa: F401
 from tests.kafka_util import produce_packed, read_all
 from tests.operators_util import install_operators, shipped_operators
 
@@ -346,3 +355,58 @@ def test_reduce_expressions_are_checked(spark: SparkSession, kafka_bootstrap: st
         spec = JobSpec.model_validate({**raw, "reduce": reduce})
         with pytest.raises(SpecError, match=message):
             run(spark, kafka_bootstrap, spec, str(tmp_path / "ckpt"))
+
+
+def test_results_read_back_through_redis_as_the_api_serves_them(
+    ran: dict[str, Any], kafka_bootstrap: str, redis_client: redis.Redis
+) -> None:
+    """The operator's records, as the sink writes them (compare-and-set by version), are what
+    GET /jobs/{id}/results reads (services.control.results)."""
+    spec, events = ran["item_counts"]
+    records = [WindowResult.from_json(m.value()) for m in read_all(kafka_bootstrap, spec.output_topic)]
+    ResultWriter(redis_client).upsert(records[::-1])  # the oldest last: the version check keeps the newest
+    served = {(w["key"], w["window_start"]): w["aggregates"] for w in read_results(redis_client, spec.id)}
+    expected = {
+        (user, 0): {f"count_{item}": n for item, n in Counter(e["item"] for e in es).items()}
+        for user, es in by_key(events).items()
+    }
+    assert served == expected
+
+
+def test_savepoint_and_restore_keep_the_operator_state(
+    processor: tuple[JobRunner, pb_grpc.JobCommandsStub, grpc.Channel],  # noqa: F811
+    operators: None,
+    kafka_bootstrap: str,
+    unique: str,
+) -> None:
+    """Stop with a savepoint, restore from it: the running totals go on from the saved state, in an
+    epoch above the first run's, so every restored result's version beats the saved ones."""
+    manager, stub, _channel = processor
+    spec = spec_of(unique, "running_total", {"field": "amount"})
+    ensure_topics(kafka_bootstrap, [spec.source.valid_topic, spec.output_topic, spec.source.dlq_topic], 2)
+    events = shop_events(300, seed=11)
+    part1, part2 = events[:180], events[180:]
+    forward(kafka_bootstrap, spec.source, part1)
+    request = pb.StartJobRequest(job_id=spec.id, spec_json=spec_to_json(spec))
+    assert stub.StartJob(request, timeout=120).state == pb.JOB_STATE_RUNNING
+    catch_up(manager, spec.id)
+    stopped = stub.StopJob(pb.StopJobRequest(job_id=spec.id, savepoint=True), timeout=120)
+    assert stopped.state == pb.JOB_STATE_FINISHED and stopped.savepoint_path
+    saved = newest(kafka_bootstrap, spec)
+    assert {k: r.aggregates["events"] for k, r in saved.items()} == {
+        (u, 0): len(es) for u, es in by_key(part1).items()
+    }
+    forward(kafka_bootstrap, spec.source, part2)
+    restore = pb.StartJobRequest(
+        job_id=spec.id, spec_json=spec_to_json(spec), from_savepoint=stopped.savepoint_path
+    )
+    assert stub.StartJob(restore, timeout=120).state == pb.JOB_STATE_RUNNING
+    catch_up(manager, spec.id)
+    stub.StopJob(pb.StopJobRequest(job_id=spec.id), timeout=120)
+    got = newest(kafka_bootstrap, spec)
+    expected = {(u, 0): (round(sum(e["amount"] for e in es), 6), len(es)) for u, es in by_key(events).items()}
+    assert {
+        k: (round(r.aggregates["total"] or 0, 6), r.aggregates["events"]) for k, r in got.items()
+    } == expected
+    assert {split_version(r.version)[0] for r in got.values()} == {1}
+    assert all(got[k].version > r.version for k, r in saved.items())
