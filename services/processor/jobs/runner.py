@@ -45,6 +45,7 @@ from services.processor.settings import ProcessorSettings
 from services.processor.spark.session import realtime_task_slots
 from services.processor.state import checkpoints as ckpt
 from services.processor.state.checkpoints import JobCheckpoints
+from services.processor.state.schema_paths import relocate_schema_paths
 from services.processor.state.storage import HadoopStorage, StateStorage, is_local, shown, storage_for, to_uri
 from shared.allowed_paths import refusal, under_roots
 from shared.errors import SpecError
@@ -226,6 +227,8 @@ class JobRunner:
                 self._check_task_slots(spec)
             if not self.checkpoints(spec.id).is_live(job.epoch):
                 raise CheckpointTakenError(f"job {spec.id}: another processor took its checkpoint over")
+            if spec.kind == "process":  # its operator metadata may name files where they were before
+                relocate_schema_paths(self.storage, self.checkpoints(spec.id).epoch_dir(job.epoch))
             query = start_query(
                 self.spark,
                 spec,
