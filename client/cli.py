@@ -276,6 +276,26 @@ def services(service: Annotated[str | None, typer.Option(help="ingest, processor
     console.print(table)
 
 
+@app.command()
+def operators() -> None:
+    """Installed operators a job's process section may name, and their parameters."""
+    with _control() as client:
+        rows = client.operators()
+    table = Table("operator", "parameters", "time", "package", "what")
+    for r in rows:
+        schema = r["params_schema"]
+        required = set(schema.get("required", []))
+        params = [f"{n}{'' if n in required else '?'}" for n in schema.get("properties", {})]
+        table.add_row(
+            escape(r["name"]),
+            escape(", ".join(params)),
+            r["time_mode"],
+            escape(r["distribution"]),
+            escape(r["description"]),
+        )
+    console.print(table)
+
+
 # --- topics -------------------------------------------------------------------------------------------
 @app.command()
 def tail(

@@ -178,6 +178,15 @@ class Job:
     def aggregate(self, *aggregations: dict[str, Any]) -> Job:
         return self._with(aggregations=[*self._spec.get("aggregations", []), *aggregations])
 
+    def reduce(self, field: str, expr: str, zero: str = "0", as_: str | None = None) -> Job:
+        """Fold each window's values of ``field`` with a Spark SQL expression of ``a`` and ``b``."""
+        section = {"field": field, "expr": expr, "zero": zero, **({"as": as_} if as_ else {})}
+        return self._with(reduce=section)
+
+    def process(self, operator: str, **params: Any) -> Job:
+        """Run an installed operator per key (``streamforge operators`` lists them) with ``params``."""
+        return self._with(process={"operator": operator, "params": params})
+
     def having(self, condition: str) -> Job:
         """Emit only windows whose aggregates satisfy the Spark SQL condition."""
         return self._with(having=condition)
@@ -401,6 +410,10 @@ class Client:
 
     def revoke_producer(self, username: str) -> None:
         self._call("DELETE", f"/producers/{username}")
+
+    def operators(self) -> list[JobInfo]:
+        """The installed operators a job may name, with their parameters' JSON schemas."""
+        return list(self._call("GET", "/operators")["operators"])
 
 
 def producer_config(credential: JobInfo, **extra: Any) -> dict[str, Any]:

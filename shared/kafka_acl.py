@@ -119,6 +119,8 @@ def job_bindings(spec: JobSpec) -> list[AclBinding]:
         for derived in (s.valid_topic, s.dlq_topic, s.late_topic):
             out += _allow(INGEST, _Res.TOPIC, derived, [_Op.WRITE, _Op.DESCRIBE_CONFIGS])
         out += _allow(PROCESSOR, _Res.TOPIC, s.valid_topic, [_Op.READ])
+        if spec.kind == "process":  # an operator's failing events go to the source's dead letters
+            out += _allow(PROCESSOR, _Res.TOPIC, s.dlq_topic, [_Op.WRITE])
     out += _allow(PROCESSOR, _Res.TOPIC, spec.output_topic, [_Op.WRITE])
     out += _allow(SINK, _Res.TOPIC, spec.output_topic, [_Op.READ])
     out += _allow(SINK, _Res.TOPIC, constants.dlq_topic(spec.output_topic), [_Op.WRITE])

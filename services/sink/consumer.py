@@ -142,7 +142,7 @@ class Sink:
         return list(self._topics)
 
     def apply_streams(self, specs: list[JobSpec]) -> list[str]:
-        """Read the configured topics plus the output topics of these windowed jobs; returns them.
+        """Read the configured topics plus the output topics of these jobs' results; returns them.
 
         Called by control (gRPC thread): the topics are created here, the loop subscribes on its next
         turn (the rebalance that follows writes and commits what was read, as any rebalance does).
@@ -161,10 +161,10 @@ class Sink:
         return wanted
 
     def _wanted(self, specs: list[JobSpec]) -> list[str]:
-        """The configured topics and the output topics of the windowed jobs among ``specs`` and the
-        spec files."""
+        """The configured topics and the output topics of the result-writing jobs among ``specs`` and
+        the spec files."""
         jobs = [*self._static_specs, *specs]
-        return sorted(set(self.settings.topics) | {s.output_topic for s in jobs if s.kind == "windowed"})
+        return sorted(set(self.settings.topics) | {s.output_topic for s in jobs if s.writes_results})
 
     def _ensure_topics(self, topics: list[str]) -> None:
         s = self.settings

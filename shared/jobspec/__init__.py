@@ -9,6 +9,7 @@ are Spark SQL, checked by the processor with Spark's own parser and analyser whe
 
 from shared.jobspec.aggregations import AggregateFn, Aggregation, every_aggregation, percentile_suffix
 from shared.jobspec.base import DurationMs, Expression, parse_duration_ms
+from shared.jobspec.custom import Process, Reduce
 from shared.jobspec.serde import (
     MAX_SPEC_DEPTH,
     load_job_spec,
@@ -46,6 +47,8 @@ __all__ = [
     "JobKind",
     "JobSpec",
     "Join",
+    "Process",
+    "Reduce",
     "SessionWindow",
     "SlidingWindow",
     "Source",

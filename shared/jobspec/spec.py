@@ -5,6 +5,7 @@ A job is one of four kinds, told apart by the sections it has:
 - **windowed** (``window`` + ``aggregations``): event-time tumbling, sliding or session windows per key;
 - **dedup** (``dedup``, no window): the first event of each id within the watermark, forwarded as is;
 - **join** (``join``): a time-bounded inner join of two streams on their key fields;
+- **process** (``process``): an installed operator with per-key state and timers (shared.operators);
 - **stateless** (none of those): ``derive`` and ``filter`` only (map, flat_map, filter).
 """
 
@@ -19,6 +20,7 @@ from shared import constants
 from shared.errors import SpecError
 from shared.jobspec.aggregations import Aggregation
 from shared.jobspec.base import IDENTIFIER, TOPIC_NAME, DurationMs, Expression, SpecModel
+from shared.jobspec.custom import Process, Reduce
 from shared.jobspec.source import NUMERIC_TYPES, Source
 from shared.jobspec.windows import (
     SessionWindow,
@@ -58,7 +60,7 @@ REAL_TIME_TRIGGER_INTERVAL_MS = 30_000
 MICRO_BATCH_TRIGGER_INTERVAL_MS = 500
 # More than any processor's slots: a spec asking for more could never be placed.
 MAX_PARALLELISM = 256
-JobKind = Literal["windowed", "dedup", "join", "stateless"]
+JobKind = Literal["windowed", "dedup", "join", "process", "stateless"]
 
 
 class JobSpec(SpecModel):
@@ -77,6 +79,10 @@ class JobSpec(SpecModel):
     windowing: Annotated[Window | None, BeforeValidator(window_type_default)] = Field(None, alias="window")
     watermark: Watermark = Watermark()
     aggregations: list[Aggregation] = Field(default_factory=list)
+    # A fold of a field's values per window, in Spark SQL, beside (or instead of) the aggregations.
+    reduce: Reduce | None = None
+    # An installed operator run per key of the source: its results are the job's.
+    process: Process | None = None
     # A condition on a window's aggregates (and group-by fields): rows failing it are not emitted.
     having: Expression | None = None
     emit: EmitPolicy = "on_update"
@@ -104,7 +110,7 @@ class JobSpec(SpecModel):
     def _default_count(cls, data: Any) -> Any:
         # A windowed job that names no aggregation counts events, as the first specs did.
         has_window = isinstance(data, dict) and (data.get("window") or data.get("windowing")) is not None
-        if has_window and "aggregations" not in data:
+        if has_window and "aggregations" not in data and "reduce" not in data:
             data = {**data, "aggregations": [{"fn": "count"}]}
         return data
 
@@ -126,7 +132,11 @@ class JobSpec(SpecModel):
         kind = self.kind
         if kind == "windowed":
             self._check_windowed(known)
+        elif kind == "process":
+            self._check_process()
         else:
+            if self.reduce is not None:
+                raise ValueError("reduce folds a window's values: add a 'window' section")
             if self.aggregations:
                 raise ValueError("aggregations need a window: add a 'window' section or drop them")
             for section in ("having", "group_by"):
@@ -167,6 +177,22 @@ class JobSpec(SpecModel):
                 "so it cannot hold a window back until it closes; use micro_batch for on_window_close"
             )
 
+    def _check_process(self) -> None:
+        """An operator keeps its own state per key: it takes no window, join or dedup of Spark's."""
+        for section in ("window", "join", "dedup", "having", "group_by", "reduce"):
+            if getattr(self, "windowing" if section == "window" else section) is not None:
+                raise ValueError(
+                    f"a process job cannot also have '{section}': run a second job on its output"
+                )
+        if self.aggregations:
+            raise ValueError("a process job's operator computes its results: drop 'aggregations'")
+        if "emit" in self.model_fields_set and self.emit != "on_update":
+            raise ValueError("'emit' only applies to windowed jobs; an operator emits what it returns")
+        if self.trigger_mode == "real_time":
+            raise ValueError(
+                "trigger_mode real_time does not run operators (transformWithState): use micro_batch"
+            )
+
     def _check_topics(self) -> None:
         """Kafka's internal topics (``__consumer_offsets``, ``__transaction_state``, ...) are nobody's to
         read or write, and a job never writes into a topic it reads (control also keeps it out of other
@@ -200,12 +226,16 @@ class JobSpec(SpecModel):
             raise ValueError("join: the two sources must be different topics")
 
     def _check_windowed(self, known: set[str]) -> None:
-        if not self.aggregations:
-            raise ValueError("a windowed job needs at least one aggregation")
+        if not self.aggregations and self.reduce is None:
+            raise ValueError("a windowed job needs at least one aggregation or a reduce")
         for f in self.group_by or []:
             if f not in known:
                 raise ValueError(f"group_by field {f!r} is neither a source nor a derived field")
         names: list[str] = []
+        if self.reduce is not None:
+            names.append(self.reduce.name)
+            if self.reduce.field not in known:
+                raise ValueError(f"reduce field {self.reduce.field!r} is not a source or derived field")
         for agg in self.aggregations:
             names += agg.output_names
             if agg.field is not None:
@@ -241,6 +271,8 @@ class JobSpec(SpecModel):
 
     @property
     def kind(self) -> JobKind:
+        if self.process is not None:
+            return "process"
         if self.windowing is not None:
             return "windowed"
         if self.join is not None:
@@ -273,7 +305,13 @@ class JobSpec(SpecModel):
 
     @property
     def aggregate_names(self) -> list[str]:
-        return [n for a in self.aggregations for n in a.output_names]
+        reduced = [self.reduce.name] if self.reduce is not None else []
+        return [n for a in self.aggregations for n in a.output_names] + reduced
+
+    @property
+    def writes_results(self) -> bool:
+        """Whether the job writes result records (shared.records.WindowResult), not events."""
+        return self.kind in ("windowed", "process")
 
     @property
     def has_percentiles(self) -> bool:

@@ -8,9 +8,9 @@
     python -m tests.bench --part ingest      # one part in this process (to profile it), no report
 
 The report's parts (tests/bench/bench_<part>.py, in this order): kafka, ingest, spark, pipeline,
-freshness, recovery, memory, silence, hdfs, hosts, faust, auth. The component benches (processor, sink,
-sink_faust, tracing, startup, wire, commits, checkpoints, cleanup) measure one piece each, on their own
-broker where they need one, and are not in the report.
+freshness, recovery, memory, silence, hdfs, hosts, faust, auth. The component benches (processor,
+operators, sink, sink_faust, tracing, startup, wire, commits, checkpoints, cleanup) measure one piece
+each, on their own broker where they need one, and are not in the report.
 
 Each part runs in its own Python process (a part's SparkSession, JVM or faust event loop ends with
 it) and writes .run/bench/<part>.json; a part that fails writes its error there and the others still
@@ -54,6 +54,7 @@ REPORT_PARTS = (
 )
 COMPONENT_BENCHES = (
     "processor",
+    "operators",
     "sink",
     "sink_faust",
     "tracing",

@@ -3,11 +3,13 @@ operations on HDFS: tests/integration/test_processor_hdfs.py."""
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 
 import pytest
 
+from services.processor.state.schema_paths import relocate_schema_paths
 from services.processor.state.storage import LocalStorage, join, local_path, shown, storage_for, to_uri
 from shared.allowed_paths import under_roots
 
@@ -80,3 +82,20 @@ def test_savepoint_paths_under_roots_as_paths_or_uris(tmp_path: Path) -> None:
     assert not under_roots("hdfs://other:9820/sf/savepoints/j-1", remote)
     assert not under_roots("hdfs://nn:9820/sf/savepoints-2/j", remote)
     assert not under_roots("/sf/savepoints/j-1", remote)
+
+
+def test_operator_metadata_is_pointed_at_its_own_checkpoint(tmp_path: Path) -> None:
+    """A checkpoint restored elsewhere: transformWithState's metadata names its schema files there."""
+    s, root = LocalStorage(), to_uri(tmp_path / "epoch-1")
+    old = "file:/elsewhere/epoch-0/state/0/_stateSchema/default/0_ab"
+    info = {"stateStoreInfo": [{"storeName": "default", "stateSchemaFilePaths": [old]}]}
+    text = "v2\n" + json.dumps(info)
+    (tmp_path / "epoch-1/state/0/_metadata/v2").mkdir(parents=True)
+    (tmp_path / "epoch-1/state/0/_metadata/v2/0").write_text(text)
+    (tmp_path / "epoch-1/state/0/_metadata/v2/.0.crc").write_bytes(b"\xcc\x01")  # the old text's
+    (tmp_path / "epoch-1/state/1/_metadata/v2").mkdir(parents=True)  # an operator with none yet
+    assert relocate_schema_paths(s, root) == 1
+    moved = (tmp_path / "epoch-1/state/0/_metadata/v2/0").read_text()
+    assert moved == text.replace("file:/elsewhere/epoch-0", root)
+    assert not (tmp_path / "epoch-1/state/0/_metadata/v2/.0.crc").exists()
+    assert relocate_schema_paths(s, root) == 0  # already in place: left alone

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from opentelemetry import trace
 
 from services.control import dashboard
-from services.control.api.routes import cluster, health, jobs, monitoring, producers, services
+from services.control.api.routes import cluster, health, jobs, monitoring, operators, producers, services
 from services.control.dashboard.settings import DashboardSettings
 from services.control.errors import ControlError, NotLeader, Overloaded
 from services.control.plane import ControlPlane
@@ -87,6 +87,7 @@ def create_app(
         services.router,
         cluster.router,
         monitoring.router,
+        operators.router,
     )
     for router in (*routers, dashboard.router):
         app.include_router(router)

@@ -1,6 +1,7 @@
 """Internal column names of a job's plan; user expressions may not name anything starting with "__"."""
 
 EVENT_TIME = "__event_time"
+EVENT_TIME_MS = "__event_time_ms"  # the event time as epoch ms, as an operator sees it
 KEY = "__key"
 SOURCE_PARTITION = "__partition"
 SOURCE_OFFSET = "__offset"

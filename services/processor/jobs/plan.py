@@ -17,6 +17,7 @@ from services.processor.jobs.columns import EVENT_TIME, KEY, ROWS, TRACE, TRACE_
 from services.processor.jobs.records import to_event_records
 from services.processor.jobs.source import events, row_schema
 from services.processor.jobs.versions import BATCH_VERSIONS, ROW_VERSIONS
+from services.processor.operators.plan import operator_rows
 from services.processor.tracing import (
     TRACE_NUMBERS,
     TRACE_TEXT,
@@ -104,16 +105,47 @@ def sampled_trace(trace: str) -> tuple[list[Column], Column]:
     return kept, F.expr(spark_traceparent_of_numbers(TRACE_PART))
 
 
+REDUCED = "__reduced"
+
+
+def reduce_column(spark: SparkSession, spec: JobSpec, rows: DataFrame) -> Column | None:
+    """The spec's reduce as one aggregate: Spark SQL's ``aggregate`` over the window's values.
+
+    ``expr`` is checked as an expression of two columns ``a`` and ``b`` of the field's type, ``zero``
+    as one of none, each like a derived field; the fold is built around the checked texts, ``expr`` on
+    lines of its own so that a trailing comment cannot swallow what follows it.
+    """
+    if spec.reduce is None:
+        return None
+    r = spec.reduce
+    dtype = rows.schema[r.field].dataType
+    pair = T.StructType([T.StructField("a", dtype, True), T.StructField("b", dtype, True)])
+    checked_column(spark, r.expr, pair, "derive", "reduce.expr")
+    checked_column(spark, r.zero, T.StructType([]), "derive", "reduce.zero")
+    sql_type = dtype.simpleString()
+    return F.expr(
+        f"aggregate(collect_list(`{r.field}`), CAST(({r.zero}\n) AS {sql_type}), "
+        f"(a, b) -> CAST((\n{r.expr}\n) AS {sql_type}))"
+    )
+
+
 def windowed(
-    spec: JobSpec, rows: DataFrame, *, row_count: bool = True, trace: str = TRACE_NUMBERS
+    spec: JobSpec,
+    rows: DataFrame,
+    *,
+    row_count: bool = True,
+    trace: str = TRACE_NUMBERS,
+    reduced: Column | None = None,
 ) -> DataFrame:
     """Aggregates per (window, key): one column per output name, plus WINDOW and KEY, TRACE (and ROWS,
     the rows the window holds so far, unless ``row_count`` is false: checkpoints of before).
-    ``trace`` is how the state keeps the sampled trace context (tracing.TRACE_NUMBERS or TRACE_TEXT)."""
+    ``trace`` is how the state keeps the sampled trace context (tracing.TRACE_NUMBERS or TRACE_TEXT);
+    ``reduced``: the spec's reduce (reduce_column)."""
     group_cols, key = _group_columns(spec)
     trace_aggregates, traceparent = sampled_trace(trace)
     aggregated = rows.groupBy(_window_column(spec).alias(WINDOW), *group_cols).agg(
         *[_aggregate(a).alias(f"__agg_{i}") for i, a in enumerate(spec.aggregations)],
+        *([reduced.alias(REDUCED)] if reduced is not None else []),
         *trace_aggregates,
         # The rows in the window so far make its versions (versions.version_column).
         *([F.count(F.lit(1)).alias(ROWS)] if row_count else []),
@@ -125,6 +157,8 @@ def windowed(
                 outputs.append(F.col(f"__agg_{i}")[j].alias(f"{agg.name}_{percentile_suffix(q)}"))
         else:
             outputs.append(F.col(f"__agg_{i}").alias(agg.name))
+    if spec.reduce is not None and reduced is not None:
+        outputs.append(F.col(REDUCED).alias(spec.reduce.name))
     keep = list(spec.group_by or spec.source.key)
     rows_column = [ROWS] if row_count else []
     if spec.group_by is None:
@@ -143,7 +177,8 @@ class Plan:
     """What start_query needs; building it checks every expression of the spec."""
 
     spec: JobSpec
-    output: DataFrame  # windowed: results per window; others: Kafka records (key, value, headers)
+    # windowed: results per window; process: the operator's rows; others: Kafka records (key, value, headers)
+    output: DataFrame
     having: Column | None
     output_mode: str
     versions: str  # how window results are versioned: BATCH_VERSIONS only where build_plan needs it
@@ -168,7 +203,8 @@ def build_plan(
         trace = trace_state_for(spec)
     rows = events(spark, spec, kafka, max_offsets, task_records)
     if spec.kind == "windowed":
-        results = windowed(spec, rows, row_count=versions == ROW_VERSIONS, trace=trace)
+        reduced = reduce_column(spark, spec, rows)
+        results = windowed(spec, rows, row_count=versions == ROW_VERSIONS, trace=trace, reduced=reduced)
         for name in spec.aggregate_names:
             dtype = results.schema[name].dataType
             if not isinstance(dtype, T.NumericType):
@@ -178,6 +214,8 @@ def build_plan(
                 )
         mode = "update" if spec.emit == "on_update" else "append"
         return Plan(spec, results, having(spark, spec, results), mode, versions, trace)
+    if spec.kind == "process":
+        return Plan(spec, operator_rows(spec, rows), None, "append", versions, trace)
     # Dedup and joins emit each row once (append); stateless jobs have no state to finalise.
     mode = "update" if spec.kind == "stateless" else "append"
     return Plan(spec, to_event_records(spec, rows), None, mode, versions, trace)

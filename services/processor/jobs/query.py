@@ -25,6 +25,7 @@ from services.processor.jobs.plan import Plan, build_plan
 from services.processor.jobs.records import to_window_results
 from services.processor.jobs.versions import BATCH_VERSIONS, ROW_VERSIONS, version_column, version_of
 from services.processor.metrics import SLOT_REFUSALS, TASK_SLOTS, TASK_SLOTS_HELD
+from services.processor.operators.plan import to_operator_records
 from services.processor.spark.scheduler import STOPPED_TASKS_TIMEOUT_S, await_tasks
 from shared.errors import SpecError
 from shared.jobspec import JobSpec
@@ -40,7 +41,10 @@ FILE_CONTEXT_MANAGER = (
 
 
 def _records(spec: JobSpec, plan: Plan, epoch: int) -> DataFrame:
-    """The Kafka records a query writes: window results versioned by their row count, or events."""
+    """The Kafka records a query writes: window results versioned by their row count, an operator's
+    results and dead letters (each with its topic), or events."""
+    if spec.kind == "process":
+        return to_operator_records(spec, plan.output, epoch)
     if spec.kind != "windowed":
         return plan.output
     selected = plan.output if plan.having is None else plan.output.where(plan.having)
@@ -70,12 +74,9 @@ def start_query(
     if plan.versions == BATCH_VERSIONS:
         writer = _batch_versioned_writer(spec, plan, kafka, epoch)
     else:
-        writer = (
-            _records(spec, plan, epoch)
-            .writeStream.format("kafka")
-            .options(**kafka.spark_options())
-            .option("topic", spec.output_topic)
-        )
+        writer = _records(spec, plan, epoch).writeStream.format("kafka").options(**kafka.spark_options())
+        if spec.kind != "process":  # an operator's records name their topic: results or dead letters
+            writer = writer.option("topic", spec.output_topic)
     writer = writer.queryName(spec.id).outputMode(plan.output_mode)
     writer = writer.option("checkpointLocation", checkpoint_dir)
     if spec.trigger_mode == "real_time":
@@ -108,7 +109,7 @@ def _state_partitions_of(
     spark: SparkSession, spec: JobSpec, kafka: KafkaAccess
 ) -> AbstractContextManager[None]:
     """The state partitions a windowed query starts with (kept in its checkpoint from then on)."""
-    if spec.kind != "windowed":
+    if not spec.writes_results:
         return nullcontext()  # dedup and joins: the session's setting
     if spec.trigger_mode == "real_time":
         # A real-time batch holds a task slot per source partition and per shuffle partition for

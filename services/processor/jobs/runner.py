@@ -45,6 +45,7 @@ from services.processor.settings import ProcessorSettings
 from services.processor.spark.session import task_slots
 from services.processor.state import checkpoints as ckpt
 from services.processor.state.checkpoints import JobCheckpoints
+from services.processor.state.schema_paths import relocate_schema_paths
 from services.processor.state.storage import HadoopStorage, StateStorage, is_local, shown, storage_for, to_uri
 from shared.allowed_paths import refusal, under_roots
 from shared.errors import SpecError
@@ -220,7 +221,7 @@ class JobRunner:
         other processor can commit into it. What the old owner may still write to the output topic is
         fenced off for the sink; other jobs' outputs are read by users, who get no fence records."""
         log.info("job %s: took its checkpoint over in epoch %d", spec.id, epoch)
-        if spec.kind == "windowed":
+        if spec.writes_results:
             publish_fence(self.settings.kafka, spec.output_topic, spec.id, epoch)
 
     def _run(self, job: HostedJob, plan: Plan | None = None, steps: dict[str, float] | None = None) -> None:
@@ -235,6 +236,8 @@ class JobRunner:
             self._check_task_slots(spec)
             if not self.checkpoints(spec.id).is_live(job.epoch):
                 raise CheckpointTakenError(f"job {spec.id}: another processor took its checkpoint over")
+            if spec.kind == "process":  # its operator metadata may name files where they were before
+                relocate_schema_paths(self.storage, self.checkpoints(spec.id).epoch_dir(job.epoch))
             if plan is None:
                 began = time.monotonic()
                 plan = self.plan(spec, job.versions, job.trace)

@@ -205,7 +205,7 @@ def events(
     df = df.observe(SPARK_OBSERVATION, F.expr(spark_observed_traceparents_sql(TRACE)).alias("traceparents"))
     if spec.join is not None:
         df = _join(spark, spec, df, kafka, max_offsets)  # watermarks both of its sources
-    elif spec.kind in ("windowed", "dedup"):
+    elif spec.kind in ("windowed", "dedup", "process"):
         # At the source, as ingest and Flink track it: events a filter drops still move event time.
         df = without_advances(df.withWatermark(EVENT_TIME, f"{spec.watermark.delay_ms} milliseconds"))
     df = _derive_and_filter(spark, spec, df)

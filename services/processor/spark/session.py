@@ -6,6 +6,7 @@ import logging
 import os
 import re
 import shlex
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -15,8 +16,8 @@ from pyspark.sql import SparkSession
 
 from services.processor.errors import ProcessorError
 from services.processor.settings import ProcessorSettings
-from shared.slots import BATCH_SLOTS_PER_CORE, Slots
 from services.processor.start_clock import StartClock
+from shared.slots import BATCH_SLOTS_PER_CORE, Slots
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,7 @@ STATE_CLEANUP_PER_ROW = "spark.sql.streaming.statefulOperator.incrementalCleanup
 STATE_MAINTENANCE_INTERVAL = "spark.sql.streaming.stateStore.maintenanceInterval"
 OBJECT_HASH_AGG_GROUPS = "spark.sql.objectHashAggregate.sortBased.fallbackThreshold"
 AUTHENTICATE = "spark.authenticate"
+PYTHON = "spark.pyspark.python"
 
 
 # local, local[N], local[*] and local[N,F] (F: task failures allowed)
@@ -165,6 +167,9 @@ def session_conf(settings: ProcessorSettings, scratch: Path | None = None) -> di
         STATE_MAINTENANCE_INTERVAL: f"{settings.tuning.state_maintenance_interval_s}s",
         OBJECT_HASH_AGG_GROUPS: str(settings.tuning.object_hash_agg_groups),
         **local_auth_options(settings),
+        # Operators (transformWithState) run in Python workers: this interpreter, with its packages
+        # and their entry points, not whatever `python3` the PATH finds.
+        PYTHON: sys.executable,
         **settings.spark_conf,
         **local_fs_options(settings),
     }
@@ -240,6 +245,8 @@ def launch_jvm(options: dict[str, str]) -> None:
     Python beyond pyspark's gateway: the session built next with the same options finds it running."""
     # Spark's web UI binds to SPARK_LOCAL_IP, else to every interface: keep it on loopback.
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    # The interpreter of the driver's own Python runners (an operator's init): this one, as for executors.
+    os.environ.setdefault("PYSPARK_PYTHON", options.get(PYTHON, sys.executable))
     conf = SparkConf()
     conf.setAll(list(options.items()))
     # What SparkContext's constructor does first (pyspark has no public call for the gateway alone).

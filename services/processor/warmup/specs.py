@@ -30,8 +30,9 @@ def warmup_spec(tag: str) -> JobSpec:
 def shaped_like(spec: JobSpec, tag: str) -> JobSpec | None:
     """The job ``spec`` on warm-up topics of its own under a warm-up id: the same plan, so the same
     generated code (Spark caches a compiled class by its source text). None for a join, whose two
-    streams the warm-up does not make."""
-    if spec.join is not None:
+    streams the warm-up does not make, and for a process job: its operator is Python code that would
+    run on made-up events (and may dead-letter them)."""
+    if spec.join is not None or spec.process is not None:
         return None
     topic = f"{TOPIC_PREFIX}{tag}"
     return spec.model_copy(

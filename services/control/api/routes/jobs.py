@@ -24,6 +24,7 @@ from services.control.results import read_results
 from shared.errors import SpecError
 from shared.jobspec import JobSpec, parse_job_spec, with_id
 from shared.jobstate import JobState
+from shared.operators import check_process
 
 router = APIRouter(prefix="/jobs", tags=["jobs"], responses=AUTH_RESPONSES)
 Read = [Depends(require_read)]
@@ -76,9 +77,16 @@ async def _read_spec(request: Request, max_bytes: int) -> JobSpec:
         raise HTTPException(422, "the request body is empty: send a job spec as JSON or YAML")
     try:
         # Off the event loop: parsing a large spec must not hold every other request (/healthz too).
-        return await run_in_threadpool(parse_job_spec, bytes(body), yaml_format=media in YAML_TYPES)
+        return await run_in_threadpool(_parse_and_check, bytes(body), media in YAML_TYPES)
     except SpecError as e:
         raise HTTPException(422, str(e)) from e
+
+
+def _parse_and_check(body: bytes, yaml_format: bool) -> JobSpec:
+    """The spec, with its operator's parameters validated by the operator installed here."""
+    spec = parse_job_spec(body, yaml_format=yaml_format)
+    check_process(spec)
+    return spec
 
 
 SUBMIT = {

@@ -1,0 +1,1 @@
+"""Running installed operators (shared.operators) on Spark's transformWithState."""

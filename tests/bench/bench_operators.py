@@ -1,0 +1,113 @@
+"""An operator job against the equivalent declarative job: events per second through each.
+
+`python -m tests.bench operators`. Starts its own broker (.run/bench-operators, port 19162 plus
+SF_TEST_PORT_OFFSET) and a SparkSession configured as the service configures it. A backlog of events
+goes through the ``running_total`` operator (transformWithState: a Python call per event, state
+through Spark's state server) and through a declarative job with the same results per key (a sum and a
+count per key in one window covering the whole backlog, on_update), each from its first batch to its
+last (processAllAvailable).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any
+
+import orjson
+from confluent_kafka import Producer
+
+from infra.artifacts.class_archive import processor_jvm_settings
+from infra.artifacts.fetch import spark_kafka_jars
+from infra.local.stack import StackConfig, broker
+from infra.paths import RUN_DIR
+from services.processor.settings import ProcessorSettings
+from services.processor.spark.session import build_spark
+from shared.jobspec import JobSpec
+from shared.kafka import ensure_topics
+from shared.operators import installed_operators
+from tests.bench.bench_spark import drain_backlog
+from tests.operators_util import install_operators, shipped_operators
+
+_OFFSET = int(os.environ.get("SF_TEST_PORT_OFFSET", "0")) + 70
+CFG = StackConfig(
+    run_dir=RUN_DIR / "bench-operators", kafka_port=19092 + _OFFSET, controller_port=19093 + _OFFSET
+)
+BACKLOG = 100_000
+KEYS = 20
+
+
+def _spec(job_id: str, **sections: Any) -> JobSpec:
+    return JobSpec.model_validate(
+        {
+            "id": job_id,
+            "source": {
+                "topic": job_id,
+                "fields": {"sensor_id": "string", "value": "double", "ts": "timestamp"},
+                "key": ["sensor_id"],
+                "event_time": {"field": "ts"},
+            },
+            "trigger_interval": "100ms",
+            "output_topic": f"{job_id}.out",
+            **sections,
+        }
+    )
+
+
+def _fill(bootstrap: str, spec: JobSpec) -> None:
+    ensure_topics(bootstrap, [spec.source.valid_topic, spec.output_topic, spec.source.dlq_topic], 2)
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.num.messages": 10_000})
+    base = 1_767_225_600_000
+    for i in range(BACKLOG):
+        key = f"s{i % KEYS}"
+        event = {"sensor_id": key, "value": float(i % 97), "ts": base + i * 5}
+        while True:
+            try:
+                producer.produce(spec.source.valid_topic, key=key.encode(), value=orjson.dumps(event))
+                break
+            except BufferError:
+                producer.poll(0.1)
+        producer.poll(0)
+    producer.flush()
+
+
+def main() -> dict[str, Any]:
+    b = broker(CFG)
+    b.start()
+    b.wait_ready()
+    settings = ProcessorSettings(
+        spark_ui_port=14040 + _OFFSET, kafka_bootstrap=CFG.bootstrap, **processor_jvm_settings()
+    )
+    spark = build_spark(settings, [str(p) for p in spark_kafka_jars()])
+    spark.sparkContext.setLogLevel("ERROR")
+    if "running_total" not in installed_operators():  # an environment installed before the entry points
+        install_operators(Path(tempfile.mkdtemp(prefix="sf-operators-")), shipped_operators(), spark)
+    work = CFG.run_dir / "checkpoints" / uuid.uuid4().hex[:6]
+    suffix = uuid.uuid4().hex[:6]
+    jobs = {
+        "operator": _spec(
+            f"op-{suffix}", process={"operator": "running_total", "params": {"field": "value"}}
+        ),
+        "declarative": _spec(
+            f"decl-{suffix}",
+            window={"type": "tumbling", "size": "1d"},
+            aggregations=[{"fn": "sum", "field": "value", "as": "total"}, {"fn": "count", "as": "events"}],
+        ),
+    }
+    out: dict[str, Any] = {"events": BACKLOG, "keys": KEYS}
+    try:
+        for label, spec in jobs.items():
+            _fill(CFG.bootstrap, spec)
+            result = drain_backlog(spark, spec, CFG.bootstrap, work / spec.id, BACKLOG, max_offsets=50_000)
+            for k in ("seconds", "events_per_s", "steady_events_per_s", "data_batches"):
+                out[f"{label}_{k}"] = result[k]
+        out["operator_vs_declarative"] = round(
+            out["operator_events_per_s"] / out["declarative_events_per_s"], 3
+        )
+        out["load_average_1m"] = round(os.getloadavg()[0], 1)
+    finally:
+        spark.stop()
+        b.stop()
+    return out
