@@ -27,7 +27,7 @@ import redis
 from infra.local import procs
 from infra.paths import ROOT
 from shared import constants
-from shared.kafka import ensure_topics
+from shared.kafka import KafkaAccess, ensure_topics
 from tests.bench import workload
 from tests.bench.stack import RUN, fast_producer, infra_up, produce_all
 
@@ -46,7 +46,7 @@ def main() -> dict[str, Any]:
     cfg = infra_up()
     client = redis.Redis.from_url(cfg.redis_url)
     job_id = f"faust-{uuid.uuid4().hex[:6]}"
-    ensure_topics(cfg.bootstrap, [job_id], partitions=1)
+    ensure_topics(cfg.kafka, [job_id], partitions=1)
     start_ms = workload.window_of(workload.now_ms() - 3_600_000)
     warm = workload.generate(WARMUP_EVENTS, start_ms=start_ms - 60_000, span_ms=10_000, seed=3)
     data = workload.generate(EVENTS, start_ms=start_ms, span_ms=SPAN_MS)
@@ -54,9 +54,11 @@ def main() -> dict[str, Any]:
     windows = workload.RedisWindows(client, job_id)
     work_dir = RUN / "faust" / job_id
     work_dir.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "tests.bench.bench_faust", job_id, cfg.bootstrap, cfg.redis_url]
+    access = cfg.kafka
+    argv = [sys.executable, "-m", "tests.bench.bench_faust", job_id, cfg.redis_url, access.bootstrap]
+    argv += [access.protocol, access.username, access.password_file]
     pid = procs.start_process("faust", argv, RUN, env={"PYTHONPATH": str(ROOT)}, cwd=work_dir)
-    producer = fast_producer(cfg.bootstrap)
+    producer = fast_producer(cfg.kafka)
     try:
         procs.wait_for(
             lambda: bool(client.exists(_ready_key(job_id))),
@@ -113,13 +115,27 @@ def _cpu(pid: int) -> float:
     return cpu_seconds({"faust": pid}).get("faust", 0.0)
 
 
-def faust_app(job_id: str, bootstrap: str, redis_url: str) -> None:
+def faust_broker(access: KafkaAccess) -> dict[str, Any]:
+    """faust.App's broker options for ``access``: a faust user logs in over SCRAM like our services."""
+    import faust
+
+    options: dict[str, Any] = {"broker": f"aiokafka://{access.bootstrap}"}
+    if access.sasl:
+        options["broker_credentials"] = faust.SASLCredentials(
+            username=access.username,
+            password=access.password(),
+            mechanism=faust.types.auth.SASLMechanism.SCRAM_SHA_512,
+        )
+    return options
+
+
+def faust_app(job_id: str, redis_url: str, access: KafkaAccess) -> None:
     """The faust-streaming version of the job: tumbling windowed count per key into Redis."""
     import faust
 
     app = faust.App(
         f"bench-{job_id}",
-        broker=f"aiokafka://{bootstrap}",
+        **faust_broker(access),
         store="memory://",
         topic_partitions=1,
         web_enabled=False,
@@ -176,4 +192,5 @@ def faust_app(job_id: str, bootstrap: str, redis_url: str) -> None:
 
 if __name__ == "__main__":
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    faust_app(sys.argv[1], sys.argv[2], sys.argv[3])
+    job, redis_url, bootstrap, protocol, username, password_file = sys.argv[1:7]
+    faust_app(job, redis_url, KafkaAccess(bootstrap, protocol, username, password_file))  # type: ignore[arg-type]

@@ -29,6 +29,7 @@ from infra.local.stack import broker, redis_server
 from infra.paths import ROOT
 from services.sink.settings import SinkSettings
 from shared.kafka import ensure_topics
+from tests.bench.bench_faust import faust_broker
 from tests.bench.bench_sink import CFG, PARTITIONS, drain, newest_per_window, processor_like_stream, stored
 from tests.integration.test_sink import produce_updates
 
@@ -46,8 +47,8 @@ def main() -> dict[str, float | str]:
         job = f"faust{uuid.uuid4().hex[:6]}"
         updates = processor_like_stream(job, batches=300, keys=100, open_windows=3)
         topic = f"{job}.aggregates"
-        ensure_topics(CFG.bootstrap, [topic], PARTITIONS)
-        produce_updates(CFG.bootstrap, topic, updates)
+        ensure_topics(CFG.kafka, [topic], PARTITIONS)
+        produce_updates(CFG.kafka, topic, updates)
         expected = newest_per_window(updates)
         client = redis.Redis.from_url(CFG.redis_url)
         out: dict[str, float | str] = {"updates": len(updates)}
@@ -68,7 +69,7 @@ def main() -> dict[str, float | str]:
         out["faust_equals_oracle"] = str(stored(client, job) == expected)
 
         client.flushdb()
-        measured = drain(CFG.bootstrap, CFG.redis_url, topic, job, len(updates), CACHE_BYTES)
+        measured = drain(CFG.kafka, CFG.redis_url, topic, job, len(updates), CACHE_BYTES)
         out.update({f"confluent_{name}": v for name, v in measured.items()})
         out["confluent_equals_oracle"] = str(stored(client, job) == expected)
         out["confluent_over_faust_speed"] = round(
@@ -97,7 +98,7 @@ def faust_worker(topic: str, job: str, expected: int) -> None:
 
     app = faust.App(
         f"bench-faust-{uuid.uuid4().hex[:8]}",
-        broker=f"aiokafka://{CFG.bootstrap}",
+        **faust_broker(CFG.kafka),
         processing_guarantee="exactly_once",  # the only way faust reads with read_committed
         web_enabled=False,
         store="memory://",
