@@ -164,6 +164,7 @@ def stack_config(cfg: ClusterConfig) -> StackConfig:
         redis_replica_ports=(cfg.port(REDIS + 1),),
         redis_sentinel_ports=tuple(cfg.port(REDIS + 2 + i) for i in range(3)),
         control_port=cfg.port(CONTROL),
+        control_api_urls=tuple(cfg.control_urls.split(",")),
         grpc_ports=(cfg.port(CONTROL + 1), processor["grpc"], ingest["grpc"], sink["grpc"]),
         metrics_ports=(ingest["metrics"], processor["metrics"], sink["metrics"]),
         ingest_http_port=ingest["http"],

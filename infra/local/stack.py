@@ -92,6 +92,8 @@ class StackConfig:
     control_address: str = "127.0.0.1"
     redis_sentinels: str = ""
     control_addresses: tuple[str, ...] = ()
+    # Replicas on one address with ports of their own (the cluster): their APIs, when not all on control_port.
+    control_api_urls: tuple[str, ...] = ()
 
     @property
     def bootstrap(self) -> str:
@@ -125,6 +127,8 @@ class StackConfig:
     @property
     def control_urls(self) -> list[str]:
         """Every control replica's API: a client sends changes to whichever leads."""
+        if self.control_api_urls:
+            return list(self.control_api_urls)
         return [f"http://{a}:{self.control_port}" for a in self.control_addresses or (self.control_address,)]
 
     @property

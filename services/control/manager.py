@@ -164,12 +164,12 @@ class JobManager:
         with self.placement.lock:
             jobs = self.jobs.list()
             self.admission.check_jobs(owner, jobs)
-            self.provision(spec)
             processors = self.instances.alive("processor")
             # No processor yet: the job waits CREATED and is placed when one registers.
             where = None
             if processors:
                 where = self.placement.choose(spec.id, self.placement.need_of(spec), processors)
+            self.provision(spec)  # only for a job that is admitted: a refused one leaves no topics
             self.transitions.create(spec, from_savepoint, owner=owner, processor=where)
         wait(self.dispatch.start_job(spec.id), wait_s)
         self.wake()  # ingest and the sink get the new stream
