@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
@@ -148,10 +149,17 @@ def _valid(pki: Path, identity: str, ca_cert: x509.Certificate) -> bool:
     return fresh and cert.issuer == ca_cert.subject
 
 
-def _ips(pki: Path, identity: str) -> set[str]:
+def _serves(pki: Path, identity: str, ca_cert: x509.Certificate, addresses: set[str]) -> bool:
+    """Valid, signed by this very CA (a remade one has the same name) and naming every address."""
+    if not _valid(pki, identity, ca_cert):
+        return False
     cert = x509.load_pem_x509_certificate((pki / f"{identity}.crt").read_bytes())
+    try:
+        cert.verify_directly_issued_by(ca_cert)
+    except (ValueError, TypeError, InvalidSignature):
+        return False
     names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    return {str(ip) for ip in names.get_values_for_type(x509.IPAddress)}
+    return addresses <= {str(ip) for ip in names.get_values_for_type(x509.IPAddress)}
 
 
 def ensure_pem_keystore(pki: Path, identity: str, addresses: Iterable[str]) -> Path:
@@ -160,7 +168,7 @@ def ensure_pem_keystore(pki: Path, identity: str, addresses: Iterable[str]) -> P
     the CA is made if there is none yet."""
     ca = _load_ca(pki) or _new_ca(pki)
     wanted = set(addresses)
-    if not _valid(pki, identity, ca[0]) or not wanted <= _ips(pki, identity):
+    if not _serves(pki, identity, ca[0], wanted):
         issue(pki, identity, ca, extra_ips=sorted(wanted))
     path = pki / f"{identity}.pem"
     _write_private(path, (pki / f"{identity}.key").read_bytes() + (pki / f"{identity}.crt").read_bytes())

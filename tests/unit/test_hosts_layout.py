@@ -114,3 +114,9 @@ def test_a_broker_certificate_is_kept_until_its_address_changes(tmp_path: Path) 
     moved = x509.load_pem_x509_certificate(ensure_pem_keystore(pki, "kafka-1", ["10.9.0.7"]).read_bytes())
     sans = moved.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert ipaddress.ip_address("10.9.0.7") in sans.get_values_for_type(x509.IPAddress)
+    # A new CA (same name, new key) gets a certificate its clients can check.
+    (pki / "ca.key").unlink()
+    ensure_pki(pki, ())
+    ca = x509.load_pem_x509_certificate((pki / "ca.crt").read_bytes())
+    renewed = x509.load_pem_x509_certificate(ensure_pem_keystore(pki, "kafka-1", ["10.9.0.7"]).read_bytes())
+    renewed.verify_directly_issued_by(ca)
