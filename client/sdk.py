@@ -424,6 +424,8 @@ def producer_config(credential: JobInfo, **extra: Any) -> dict[str, Any]:
         "sasl.mechanism": credential["sasl_mechanism"],
         "sasl.username": credential["username"],
         "sasl.password": credential["password"],
+        # Over SASL_SSL the credential brings the CA to trust, so no file has to travel with it.
+        **({"ssl.ca.pem": credential["ssl_ca_pem"]} if credential.get("ssl_ca_pem") else {}),
         **extra,
     }
 

@@ -1,4 +1,5 @@
-"""The project's own certificate authority and one certificate per service, for mutual TLS on gRPC.
+"""The project's own certificate authority and one certificate per service, for mutual TLS on gRPC,
+and the Kafka brokers' certificates where Kafka's listeners take TLS.
 
 Every gRPC port only answers a caller showing a certificate this CA signed, and a caller only talks to
 a server whose certificate names the service it meant to reach (shared/tls.py); the common name *is*
@@ -9,6 +10,7 @@ deleting the directory makes a new CA. Layout (the stack's ``<run_dir>/pki``, or
     ca.crt                      the CA certificate every service trusts
     ca.key                      the CA's private key: needed only to issue certificates, never by a service
     <service>.crt, <service>.key
+    kafka-<n>.crt, .key, .pem   a broker's certificate (its addresses as IP SANs); .pem holds both
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
@@ -100,11 +103,12 @@ def issue(
     identity: str,
     ca: tuple[x509.Certificate, ec.EllipticCurvePrivateKey],
     extra_dns: Iterable[str] = (),
+    extra_ips: Iterable[str] = (),
 ) -> Path:
     """A certificate for ``identity`` (client and server use), signed by the CA; returns its path.
 
     It carries the DNS names ``<identity>.streamforge`` and ``streamforge`` (what clients check: see
-    shared/tls.py), ``<identity>`` and ``localhost``, plus the IP 127.0.0.1."""
+    shared/tls.py), ``<identity>`` and ``localhost``, plus the IP 127.0.0.1 and ``extra_ips``."""
     ca_cert, ca_key = ca
     key = ec.generate_private_key(ec.SECP256R1())
     now = _now()
@@ -112,7 +116,7 @@ def issue(
         x509.DNSName(n)
         for n in dict.fromkeys([server_name(identity), server_name(None), identity, "localhost", *extra_dns])
     ]
-    names.append(x509.IPAddress(ipaddress.ip_address("127.0.0.1")))
+    names += [x509.IPAddress(ipaddress.ip_address(a)) for a in dict.fromkeys(["127.0.0.1", *extra_ips])]
     cert = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, identity)]))
@@ -143,6 +147,32 @@ def _valid(pki: Path, identity: str, ca_cert: x509.Certificate) -> bool:
         return False
     fresh = cert.not_valid_after_utc - _now() > dt.timedelta(days=RENEW_BEFORE_DAYS)
     return fresh and cert.issuer == ca_cert.subject
+
+
+def _serves(pki: Path, identity: str, ca_cert: x509.Certificate, addresses: set[str]) -> bool:
+    """Valid, signed by this very CA (a remade one has the same name) and naming every address."""
+    if not _valid(pki, identity, ca_cert):
+        return False
+    cert = x509.load_pem_x509_certificate((pki / f"{identity}.crt").read_bytes())
+    try:
+        cert.verify_directly_issued_by(ca_cert)
+    except (ValueError, TypeError, InvalidSignature):
+        return False
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    return addresses <= {str(ip) for ip in names.get_values_for_type(x509.IPAddress)}
+
+
+def ensure_pem_keystore(pki: Path, identity: str, addresses: Iterable[str]) -> Path:
+    """``<identity>.pem``: the key and certificate of a server reached at ``addresses`` (IP SANs), in
+    one 0600 file as Kafka's PEM keystore takes it. Reissued when missing, stale or short of an address;
+    the CA is made if there is none yet."""
+    ca = _load_ca(pki) or _new_ca(pki)
+    wanted = set(addresses)
+    if not _serves(pki, identity, ca[0], wanted):
+        issue(pki, identity, ca, extra_ips=sorted(wanted))
+    path = pki / f"{identity}.pem"
+    _write_private(path, (pki / f"{identity}.key").read_bytes() + (pki / f"{identity}.crt").read_bytes())
+    return path
 
 
 def ensure_pki(pki: Path, identities: Iterable[str] = IDENTITIES) -> list[str]:

@@ -118,7 +118,8 @@ class KafkaCluster:
 
     By default every node runs on this machine's loopback with its files under run_dir; ``hosts`` and
     ``node_run_dirs`` place node ``i`` on ``hosts[i-1]`` with its files under ``node_run_dirs[i-1]``
-    (run_dir then keeps only the cluster id)."""
+    (run_dir then keeps only the cluster id and the users). ``ca_file`` puts SASL over TLS on every
+    listener, each node with a certificate from that CA for its address."""
 
     def __init__(
         self,
@@ -131,6 +132,7 @@ class KafkaCluster:
         hosts: Sequence[procs.Host] = (),
         node_run_dirs: Sequence[Path] = (),
         authenticated: bool = True,
+        ca_file: Path | None = None,
     ) -> None:
         if len(ports) != len(controller_ports) or len(ports) < 3:
             raise InfraError(
@@ -150,7 +152,8 @@ class KafkaCluster:
         self._admin_client: Any = None
         dirs = list(node_run_dirs) or [run_dir] * len(ports)
         # One set of users for every node: brokers log in to each other as the same admin.
-        self.auth = KafkaAuth(run_dir) if authenticated else None
+        # With ``ca_file`` (the project CA's, its key beside it) every listener also takes TLS.
+        self.auth = KafkaAuth(run_dir, ca_file) if authenticated else None
         self.nodes = [
             KafkaNode(
                 dirs[i - 1], i, pairs, cluster_id, heap, cache_dir=cache_dir, hosts=places, auth=self.auth

@@ -107,7 +107,12 @@ class ClusterConfig:
     @property
     def kafka(self) -> KafkaAccess:
         """The cluster as ``admin``: what operators and the tests use."""
-        return KafkaAuth(self.run_dir).access(self.bootstrap)
+        return KafkaAuth(self.run_dir, self.kafka_ca_file).access(self.bootstrap)
+
+    @property
+    def kafka_ca_file(self) -> Path:
+        """The project CA: the cluster's Kafka listeners all take SASL over TLS from it."""
+        return self.run_dir / "pki" / "ca.crt"
 
     @property
     def control_url(self) -> str:
@@ -160,6 +165,7 @@ def stack_config(cfg: ClusterConfig) -> StackConfig:
         kafka_port=cfg.port(KAFKA),
         controller_port=cfg.port(CONTROLLERS),
         kafka_bootstrap=cfg.bootstrap,
+        kafka_ca_file=cfg.kafka_ca_file,
         redis_port=cfg.port(REDIS),
         redis_replica_ports=(cfg.port(REDIS + 1),),
         redis_sentinel_ports=tuple(cfg.port(REDIS + 2 + i) for i in range(3)),
@@ -203,6 +209,7 @@ def kafka(cfg: ClusterConfig) -> KafkaCluster:
         [cfg.port(KAFKA + i) for i in range(cfg.brokers)],
         [cfg.port(CONTROLLERS + i) for i in range(cfg.brokers)],
         cfg.broker_heap,
+        ca_file=cfg.kafka_ca_file,
     )
 
 

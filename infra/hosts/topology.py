@@ -107,6 +107,7 @@ def stack_config(cfg: HostsConfig) -> StackConfig:
         run_dir=cfg.run_dir,
         kafka_bootstrap=",".join(f"{h.address}:{KAFKA_PORT}" for h in kafka_hosts),
         kafka_users_dir=cfg.run_dir,  # the cluster's users, whichever host's directory a service uses
+        kafka_ca_file=kafka_ca_file(cfg),
         redis_port=REDIS_PORT,
         redis_address=host_of("redis-1").address,
         redis_sentinels=redis_ha(cfg).sentinel_list,
@@ -121,6 +122,11 @@ def host_stack(cfg: HostsConfig, h: NetHost) -> StackConfig:
     return replace(stack_config(cfg), run_dir=host_dir(cfg, h))
 
 
+def kafka_ca_file(cfg: HostsConfig) -> Path:
+    """The operator's CA: Kafka traffic leaves a host here, so every listener takes TLS from it."""
+    return cfg.run_dir / "pki" / "ca.crt"
+
+
 def kafka(cfg: HostsConfig) -> KafkaCluster:
     nodes = [host_of(f"kafka-{i}") for i in (1, 2, 3)]
     return KafkaCluster(
@@ -130,6 +136,7 @@ def kafka(cfg: HostsConfig) -> KafkaCluster:
         cfg.broker_heap,
         hosts=nodes,
         node_run_dirs=[host_dir(cfg, h) for h in nodes],
+        ca_file=kafka_ca_file(cfg),
     )
 
 

@@ -39,6 +39,8 @@ def local_settings(cfg: StackConfig) -> dict[str, str]:
             {
                 "SF_KAFKA_SECURITY_PROTOCOL": auth.protocol,
                 "SF_KAFKA_SASL_PASSWORD_FILE": f"{TLS_DIR}/{kube.KAFKA_PASSWORD}",
+                # The CA beside each service's certificate, if the broker takes TLS (empty: it does not).
+                "SF_KAFKA_SSL_CA_FILE": f"{TLS_DIR}/ca.crt" if auth.ca_file else "",
             }
             if (auth := cfg.kafka_auth()) is not None
             else {}

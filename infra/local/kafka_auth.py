@@ -8,6 +8,9 @@ Client listeners take SASL/SCRAM-SHA-512; the users exist from the first start b
 formatted with them (``kafka-storage format --add-scram``, KIP-900). The controller listener takes
 SASL/PLAIN instead: a controller cannot check SCRAM, whose credentials live in the metadata it serves.
 Brokers talk to each other and to the controllers as ``admin``, the one super user.
+
+Given the project CA (infra/pki.py), every listener, the controller's included, takes that SASL over
+TLS instead: each node serves a certificate from the CA naming its address, and trusts only the CA.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from pathlib import Path
 from confluent_kafka.admin import AclBinding
 
 from infra.local.redis_server import kept_passwords, write_private
+from infra.pki import ensure_pem_keystore
 from shared.kafka import SASL_MECHANISM, KafkaAccess, SecurityProtocol, ensure_topics, scram_jaas
 from shared.kafka_acl import ADMIN, USERS, grant, standing_bindings, standing_topics
 
@@ -30,7 +34,8 @@ class KafkaAuth:
 
     def __init__(self, run_dir: Path, ca_file: Path | None = None) -> None:
         self.dir = run_dir / "kafka-auth"
-        # With a CA, client listeners speak SASL_SSL; without, SASL_PLAINTEXT (one machine's loopback).
+        # With a CA (``ca.crt`` beside its key), listeners speak SASL_SSL; without, SASL_PLAINTEXT
+        # (one machine's loopback).
         self.ca_file = ca_file
 
     @property
@@ -58,8 +63,11 @@ class KafkaAuth:
             flags += ["--add-scram", f"{SASL_MECHANISM}=[name={user},password={password}]"]
         return flags
 
-    def broker_properties(self, client_address: str, port: int, controller: str) -> dict[str, object]:
-        """Listeners, SASL and the authorizer: ``controller`` is this node's controller listener."""
+    def broker_properties(
+        self, client_address: str, port: int, controller: str, name: str = "kafka"
+    ) -> dict[str, object]:
+        """Listeners, SASL, TLS (with a CA) and the authorizer: ``controller`` is this node's controller
+        listener, ``name`` the node (its certificate's identity)."""
         admin_password = self.passwords()[ADMIN]
         client = CLIENT_LISTENER.lower()
         plain = (
@@ -70,7 +78,7 @@ class KafkaAuth:
             "listeners": f"{CLIENT_LISTENER}://{client_address}:{port},{CONTROLLER_LISTENER}://{controller}",
             "advertised.listeners": f"{CLIENT_LISTENER}://{client_address}:{port}",
             "listener.security.protocol.map": f"{CLIENT_LISTENER}:{self.protocol},"
-            f"{CONTROLLER_LISTENER}:SASL_PLAINTEXT",
+            f"{CONTROLLER_LISTENER}:{self.protocol}",
             "inter.broker.listener.name": CLIENT_LISTENER,
             "sasl.enabled.mechanisms": SASL_MECHANISM,
             "sasl.mechanism.inter.broker.protocol": SASL_MECHANISM,
@@ -85,6 +93,18 @@ class KafkaAuth:
             "allow.everyone.if.no.acl.found": "false",
             "super.users": f"User:{ADMIN}",
         }
+        if self.ca_file is not None:
+            addresses = dict.fromkeys([client_address, controller.rpartition(":")[0]])
+            keystore = ensure_pem_keystore(self.ca_file.parent, name, addresses)
+            # Server side of every listener and client side of inter-broker and controller links; the
+            # peers' hostname check (https) is against the certificate's IP SANs.
+            props |= {
+                "ssl.keystore.type": "PEM",
+                "ssl.keystore.location": keystore,
+                "ssl.truststore.type": "PEM",
+                "ssl.truststore.location": self.ca_file,
+                "ssl.endpoint.identification.algorithm": "https",
+            }
         return props
 
     def set_up(self, bootstrap: str) -> list[AclBinding]:

@@ -148,7 +148,9 @@ class KafkaBroker:
             "inter.broker.listener.name": "PLAINTEXT",
         }
         if self.auth is not None:
-            listeners = self.auth.broker_properties(address, self.port, f"{address}:{self.controller_port}")
+            listeners = self.auth.broker_properties(
+                address, self.port, f"{address}:{self.controller_port}", self.name
+            )
         props: dict[str, object] = {
             **self.quorum_properties(),
             **listeners,

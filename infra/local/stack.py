@@ -75,6 +75,9 @@ class StackConfig:
     # Where Kafka's users are kept (kafka-auth/) when not under run_dir: a cluster's, shared by the
     # services of every host.
     kafka_users_dir: Path | None = None
+    # The CA certificate Kafka's listeners are signed by (infra/pki.py) when they take TLS: clients
+    # then speak SASL_SSL and trust only it; None: SASL_PLAINTEXT (one machine's loopback).
+    kafka_ca_file: Path | None = None
     # Redis with high availability (infra/local/redis_sentinel.py): the replicas' and the Sentinels'
     # ports, beside the primary on redis_port; empty: one Redis on redis_port.
     redis_replica_ports: tuple[int, ...] = ()
@@ -100,7 +103,9 @@ class StackConfig:
         return self.kafka_bootstrap or f"127.0.0.1:{self.kafka_port}"
 
     def kafka_auth(self) -> KafkaAuth | None:
-        return KafkaAuth(self.kafka_users_dir or self.run_dir) if self.kafka_authenticated else None
+        if not self.kafka_authenticated:
+            return None
+        return KafkaAuth(self.kafka_users_dir or self.run_dir, self.kafka_ca_file)
 
     @property
     def kafka(self) -> KafkaAccess:

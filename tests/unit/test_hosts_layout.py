@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 
+from cryptography import x509
+
 from infra.hosts import topology as hosts
+from infra.local.stack import kafka_service_env
+from infra.pki import ensure_pem_keystore, ensure_pki
 
 
 def _host_index(process: str) -> int:
@@ -54,3 +59,64 @@ def test_clients_list_every_sentinel_and_control_replica(tmp_path: Path) -> None
         if r.service in ("control", "sink"):
             assert r.env["SF_REDIS_SENTINELS"] == ha.sentinel_list
             assert r.env["SF_REDIS_WAIT_REPLICAS"] == "1"
+
+
+def _props(text: str) -> dict[str, str]:
+    lines = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
+    return dict(ln.split("=", 1) for ln in lines)
+
+
+def test_every_kafka_listener_between_hosts_takes_sasl_over_tls(tmp_path: Path) -> None:
+    cfg = hosts.HostsConfig(run_dir=tmp_path)
+    ca_file = tmp_path / "pki" / "ca.crt"
+    ensure_pki(tmp_path / "pki", ())
+    ca = x509.load_pem_x509_certificate(ca_file.read_bytes())
+    for node in hosts.kafka(cfg).nodes:
+        address = hosts.host_of(node.name).address
+        props = _props(node.server_properties())
+        assert (
+            props["listeners"]
+            == f"CLIENT://{address}:{hosts.KAFKA_PORT},CONTROLLER://{address}:{hosts.CONTROLLER_PORT}"
+        )
+        assert props["listener.security.protocol.map"] == "CLIENT:SASL_SSL,CONTROLLER:SASL_SSL"
+        assert props["sasl.mechanism.inter.broker.protocol"] == "SCRAM-SHA-512"
+        assert props["sasl.mechanism.controller.protocol"] == "PLAIN"
+        assert props["ssl.truststore.type"] == props["ssl.keystore.type"] == "PEM"
+        assert props["ssl.truststore.location"] == str(ca_file)
+        assert props["ssl.endpoint.identification.algorithm"] == "https"
+        keystore = Path(props["ssl.keystore.location"])
+        assert keystore.stat().st_mode & 0o777 == 0o600
+        pem = keystore.read_bytes()
+        assert b"PRIVATE KEY" in pem
+        cert = x509.load_pem_x509_certificate(pem)
+        # Signed by the project CA, for this node's own address (what its peers' https check asks).
+        assert cert.issuer == ca.subject
+        cert.verify_directly_issued_by(ca)
+        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        assert ipaddress.ip_address(address) in sans.get_values_for_type(x509.IPAddress)
+    # Every client (services, Spark's source and sink, the tests) trusts that CA over SASL_SSL.
+    stack = hosts.stack_config(cfg)
+    assert stack.kafka.config()["security.protocol"] == "sasl_ssl"
+    assert stack.kafka.config()["ssl.ca.location"] == str(ca_file)
+    spark = stack.kafka_access("processor").spark_options()
+    assert spark["kafka.security.protocol"] == "SASL_SSL"
+    assert spark["kafka.ssl.truststore.location"] == str(ca_file)
+    for r in hosts.replicas(cfg):
+        env = kafka_service_env(hosts.host_stack(cfg, r.host), r.service)
+        assert env["SF_KAFKA_SECURITY_PROTOCOL"] == "SASL_SSL", r.process
+        assert env["SF_KAFKA_SSL_CA_FILE"] == str(ca_file), r.process
+
+
+def test_a_broker_certificate_is_kept_until_its_address_changes(tmp_path: Path) -> None:
+    pki = tmp_path / "pki"
+    first = ensure_pem_keystore(pki, "kafka-1", ["10.9.0.2"]).read_bytes()
+    assert ensure_pem_keystore(pki, "kafka-1", ["10.9.0.2"]).read_bytes() == first
+    moved = x509.load_pem_x509_certificate(ensure_pem_keystore(pki, "kafka-1", ["10.9.0.7"]).read_bytes())
+    sans = moved.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert ipaddress.ip_address("10.9.0.7") in sans.get_values_for_type(x509.IPAddress)
+    # A new CA (same name, new key) gets a certificate its clients can check.
+    (pki / "ca.key").unlink()
+    ensure_pki(pki, ())
+    ca = x509.load_pem_x509_certificate((pki / "ca.crt").read_bytes())
+    renewed = x509.load_pem_x509_certificate(ensure_pem_keystore(pki, "kafka-1", ["10.9.0.7"]).read_bytes())
+    renewed.verify_directly_issued_by(ca)

@@ -12,7 +12,9 @@ import pytest
 
 from infra.__main__ import main as cli_main
 from infra.artifacts import fetch
+from infra.cluster import topology as cluster
 from infra.cluster.spark_standalone import SparkMaster, SparkWorker
+from infra.cluster.topology import ClusterConfig
 from infra.errors import InfraError
 from infra.local import procs
 from infra.local.kafka_auth import KafkaAuth
@@ -189,6 +191,7 @@ def test_server_properties_single_node_kraft(tmp_path: Path) -> None:
     assert props["allow.everyone.if.no.acl.found"] == "false"
     assert props["super.users"] == "User:admin"
     assert props["controller.quorum.bootstrap.servers"] == "127.0.0.1:19093"
+    assert not [k for k in props if k.startswith("ssl.")]  # one machine's loopback: no TLS
     assert "controller.quorum.voters" not in props  # incompatible with `format --standalone`
     assert props["log.dirs"] == str(tmp_path / "kafka" / "data")
     for key in (
@@ -205,6 +208,20 @@ def test_server_properties_single_node_kraft(tmp_path: Path) -> None:
     open_props = _props(KafkaBroker(tmp_path, authenticated=False).server_properties())
     assert open_props["listeners"] == "PLAINTEXT://127.0.0.1:9092,CONTROLLER://127.0.0.1:9093"
     assert "authorizer.class.name" not in open_props
+
+
+def test_the_cluster_takes_sasl_over_tls_on_every_listener(tmp_path: Path) -> None:
+    cfg = ClusterConfig(run_dir=tmp_path)
+    k = cluster.kafka(cfg)
+    for node in k.nodes:
+        props = _props(node.server_properties())
+        assert props["listener.security.protocol.map"] == "CLIENT:SASL_SSL,CONTROLLER:SASL_SSL"
+        assert props["ssl.keystore.location"] == str(tmp_path / "pki" / f"{node.name}.pem")
+        assert props["ssl.truststore.location"] == str(cfg.kafka_ca_file)
+    assert (tmp_path / "pki" / "ca.key").exists()  # the CA is made when the first node needs it
+    for access in (cfg.kafka, k.access("ingest"), cluster.stack_config(cfg).kafka_access("sink")):
+        assert access.protocol == "SASL_SSL"
+        assert access.ca_file == str(cfg.kafka_ca_file)
 
 
 def test_kafka_users_are_kept_private_per_run_dir(tmp_path: Path) -> None:

@@ -20,7 +20,9 @@ import pytest
 import yaml
 
 from infra.images import build, kube, requirements
+from infra.images.container_stack import local_settings
 from infra.local import hdfs
+from infra.local.stack import StackConfig
 from infra.paths import ROOT
 from infra.pki import ensure_pki
 from services.control.api.routes import health
@@ -282,3 +284,16 @@ def test_the_hdfs_image_carries_every_module_its_entry_point_imports(tmp_path: P
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, check=False
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_pods_reach_kafka_over_tls_trusting_the_ca_of_their_secret(tmp_path: Path) -> None:
+    settings = kube.find(DOCS, "ConfigMap", kube.CONFIGMAP)["data"]
+    assert settings["SF_KAFKA_SECURITY_PROTOCOL"] == "SASL_SSL"
+    assert settings["SF_KAFKA_SSL_CA_FILE"] == f"{settings['SF_TLS_DIR']}/ca.crt"
+    # On one machine the containers meet the stack's loopback broker, which takes no TLS.
+    local = local_settings(StackConfig(run_dir=tmp_path))
+    assert local["SF_KAFKA_SECURITY_PROTOCOL"] == "SASL_PLAINTEXT"
+    assert local["SF_KAFKA_SSL_CA_FILE"] == ""
+    tls = local_settings(StackConfig(run_dir=tmp_path, kafka_ca_file=tmp_path / "pki" / "ca.crt"))
+    assert tls["SF_KAFKA_SECURITY_PROTOCOL"] == "SASL_SSL"
+    assert tls["SF_KAFKA_SSL_CA_FILE"] == f"{build.TLS_DIR}/ca.crt"

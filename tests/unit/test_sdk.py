@@ -13,6 +13,7 @@ from client.sdk import (
     max_,
     min_,
     percentiles,
+    producer_config,
     session,
     sliding,
     stddev,
@@ -117,3 +118,19 @@ def test_a_bad_job_says_what_to_fix(job: Job, fragment: str) -> None:
     with pytest.raises(SpecError) as err:
         job.build()
     assert fragment in str(err.value)
+
+
+def test_a_minted_producer_over_tls_trusts_the_ca_it_came_with() -> None:
+    credential = {
+        "bootstrap_servers": "10.9.0.2:9092",
+        "security_protocol": "SASL_SSL",
+        "sasl_mechanism": "SCRAM-SHA-512",
+        "username": "sf-producer-1",
+        "password": "secret",
+        "ssl_ca_pem": "-----BEGIN CERTIFICATE-----\n...",
+    }
+    conf = producer_config(credential, **{"linger.ms": 5})
+    assert conf["security.protocol"] == "sasl_ssl"
+    assert conf["ssl.ca.pem"] == credential["ssl_ca_pem"]
+    assert conf["linger.ms"] == 5
+    assert "ssl.ca.pem" not in producer_config({**credential, "ssl_ca_pem": ""})

@@ -22,6 +22,9 @@ class ProducerCredentialOut(BaseModel):
     sasl_mechanism: str = Field(description="librdkafka `sasl.mechanism`")
     security_protocol: str = Field(description="librdkafka `security.protocol`")
     bootstrap_servers: str = Field(description="librdkafka `bootstrap.servers`")
+    ssl_ca_pem: str = Field(
+        default="", description="librdkafka `ssl.ca.pem`: the CA Kafka's listeners are signed by, if TLS"
+    )
 
 
 class JobStatusOut(BaseModel):

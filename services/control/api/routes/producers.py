@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pathlib
 from typing import Annotated
 
 from confluent_kafka import KafkaException
@@ -58,6 +59,7 @@ async def mint(topic: Topic, manager: ManagerDep, settings: SettingsDep) -> Prod
         sasl_mechanism=SASL_MECHANISM,
         security_protocol=settings.kafka.protocol,
         bootstrap_servers=settings.kafka.bootstrap,
+        ssl_ca_pem=pathlib.Path(settings.kafka.ca_file).read_text() if settings.kafka.ca_file else "",
     )
 
 
