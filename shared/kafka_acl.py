@@ -122,9 +122,15 @@ def job_bindings(spec: JobSpec) -> list[AclBinding]:
         if spec.kind == "process":  # an operator's failing events go to the source's dead letters
             out += _allow(PROCESSOR, _Res.TOPIC, s.dlq_topic, [_Op.WRITE])
     out += _allow(PROCESSOR, _Res.TOPIC, spec.output_topic, [_Op.WRITE])
-    out += _allow(SINK, _Res.TOPIC, spec.output_topic, [_Op.READ])
-    out += _allow(SINK, _Res.TOPIC, constants.dlq_topic(spec.output_topic), [_Op.WRITE])
-    return out
+    return out + sink_bindings(spec.output_topic)
+
+
+def sink_bindings(topic: str) -> list[AclBinding]:
+    """The sink reads a result topic and writes its dead letters."""
+    return [
+        *_allow(SINK, _Res.TOPIC, topic, [_Op.READ]),
+        *_allow(SINK, _Res.TOPIC, constants.dlq_topic(topic), [_Op.WRITE]),
+    ]
 
 
 def producer_bindings(user: str, raw_topic: str) -> list[AclBinding]:

@@ -18,7 +18,9 @@ import redis
 
 from infra.local import procs
 from infra.local.stack import StackConfig, redis_server, start_service, wait_service_ready
+from shared import constants
 from shared.kafka import ensure_topics
+from shared.kafka_acl import grant, sink_bindings
 from shared.records import WindowResult
 from tests.integration.test_sink import oracle, produce_updates, redis_state, window_updates
 
@@ -57,14 +59,18 @@ def sink_process(
     stack_cfg: StackConfig, kafka_bootstrap: str, redis_url: str, unique: str
 ) -> Iterator[Callable[[], int]]:
     topic = f"{unique}.aggregates"
-    ensure_topics(kafka_bootstrap, [topic], partitions=2)
+    # What control does for a job's output: the topics, and the sink's grants on them.
+    ensure_topics(kafka_bootstrap, [topic, constants.dlq_topic(topic)], partitions=2)
+    grant(kafka_bootstrap, sink_bindings(topic))
     env = {
         "SF_SINK_TOPICS": json.dumps([topic]),
         "SF_SINK_KNOWN_JOBS_ONLY": "false",  # rows of a made-up job
         # Long enough that updates likely sit in the cache when the sink is killed in step 4.
         "SF_SINK_COMMIT_INTERVAL_MS": "2000",
         "SF_SINK_CACHE_MAX_BYTES_BUFFERING": "100000",
-        "SF_SINK_TUNING": json.dumps({"group_id": unique, "redis_retry_max_backoff_ms": 500}),
+        "SF_SINK_TUNING": json.dumps(
+            {"group_id": f"{constants.SINK_GROUP_ID}-{unique}", "redis_retry_max_backoff_ms": 500}
+        ),
         "SF_KAFKA_SESSION_TIMEOUT_MS": "6000",
     }
 
