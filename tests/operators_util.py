@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 import tomllib
+import uuid
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -27,11 +28,12 @@ def shipped_operators() -> dict[str, str]:
 def install_operators(where: Path, operators: dict[str, str], spark: SparkSession | None = None) -> Path:
     """Register ``operators`` in a distribution under ``where``, put it on this process's path and
     (with ``spark``) on its Python workers'; returns the directory to add to a PYTHONPATH."""
-    info = where / "streamforge_test_operators-0.0.0.dist-info"
+    # A name of its own: importlib.metadata sees one distribution per name, so a second install under
+    # the same name (another test module's, earlier on the path) would hide this one's entry points.
+    name = f"streamforge_test_operators_{uuid.uuid4().hex[:8]}"
+    info = where / f"{name}-0.0.0.dist-info"
     info.mkdir(parents=True, exist_ok=True)
-    (info / "METADATA").write_text(
-        "Metadata-Version: 2.1\nName: streamforge-test-operators\nVersion: 0.0.0\n"
-    )
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.0.0\n")
     lines = "".join(f"{name} = {target}\n" for name, target in operators.items())
     (info / "entry_points.txt").write_text(f"[{GROUP}]\n{lines}")
     if str(where) not in sys.path:
