@@ -39,7 +39,7 @@ from services.control.results import read_results
 from services.ingest.tracing import ReceiveSpans, RecordGate
 from services.sink.tracing import redis_write_span
 from shared import constants
-from shared.kafka import client_config, consumer_config, ensure_topics, is_record
+from shared.kafka import KafkaAccess, as_access, client_config, consumer_config, ensure_topics, is_record
 from shared.records import WindowResult
 from shared.settings import BaseServiceSettings
 from shared.tracing import (
@@ -155,8 +155,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("role", choices=sorted(ROLES))
     for opt in ("--service", "--bootstrap", "--source", "--target", "--job", "--redis"):
         parser.add_argument(opt, default="")
+    for opt in ("--kafka-user", "--kafka-password-file"):
+        parser.add_argument(opt, default="")
+    parser.add_argument("--kafka-protocol", default="PLAINTEXT")
     parser.add_argument("--count", type=int, required=True)
     args = parser.parse_args(argv)
+    args.bootstrap = KafkaAccess(
+        args.bootstrap, args.kafka_protocol, args.kafka_user, args.kafka_password_file
+    )
     ROLES[args.role](args)
     return 0
 
@@ -180,7 +186,10 @@ def test_a_sampled_event_is_one_trace_across_three_services_in_zipkin(
         "SF_TRACING_ENDPOINT": zipkin.spans_endpoint,
         "SF_TRACING_SAMPLE_RATIO": "0",  # only the event that arrives sampled is traced
     }
-    common = ["--bootstrap", kafka_bootstrap, "--job", job, "--redis", redis_url]
+    access = as_access(kafka_bootstrap)
+    common = ["--bootstrap", access.bootstrap, "--job", job, "--redis", redis_url]
+    common += ["--kafka-protocol", access.protocol, "--kafka-user", access.username]
+    common += ["--kafka-password-file", access.password_file]
     argv = {
         "ingest": ["--source", raw, "--target", valid, "--count", str(EVENTS)],
         "processor": ["--source", valid, "--target", out, "--count", str(EVENTS)],

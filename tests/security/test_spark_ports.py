@@ -7,9 +7,11 @@ Spark sends back."""
 
 from __future__ import annotations
 
+import json
 import socket
 import struct
 import subprocess
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -48,9 +50,15 @@ def spark_ports(session: SparkSession) -> dict[str, int]:
     }
     ui = int((sc.uiWebUrl or ":0").rsplit(":", 1)[1])
     rpc = int(sc.getConf().get("spark.driver.port") or 0)
-    others = ports - {rpc, ui, sc._gateway.gateway_parameters.port}
-    assert rpc in ports and len(others) == 1, (ports, rpc, ui)
-    return {"rpc": rpc, "blocks": others.pop()}
+    # The driver's block manager, as the UI's REST API names it (its hostPort).
+    executors = json.loads(
+        urllib.request.urlopen(f"{sc.uiWebUrl}/api/v1/applications/{sc.applicationId}/executors").read()
+    )
+    blocks = int(next(e for e in executors if e["id"] == "driver")["hostPort"].rsplit(":", 1)[1])
+    # Other ports may listen once Python workers ran (transformWithState's state servers, whose
+    # callers are the driver's own workers); the two Spark serves to executors must be among them.
+    assert rpc in ports and blocks in ports, (ports, rpc, blocks, ui)
+    return {"rpc": rpc, "blocks": blocks}
 
 
 def test_the_drivers_rpc_and_block_ports_refuse_a_caller_without_the_secret(
