@@ -28,8 +28,8 @@ BATCH: Pool = "batch"
 REALTIME: Pool = "realtime"
 # A real-time windowed query's shuffle partitions (each one a task held as long as the query runs).
 REAL_TIME_SHUFFLE_PARTITIONS = 1
-# Micro-batch jobs per core a processor takes by default: a job with a 500 ms trigger whose batch
-# takes a fraction of that leaves the core to others most of the time.
+# Micro-batch jobs per core a processor takes by default: a job on the default trigger whose batch
+# takes a fraction of its interval leaves the core to others most of the time.
 BATCH_SLOTS_PER_CORE = 4
 
 
