@@ -86,6 +86,13 @@ def standing_bindings() -> list[AclBinding]:
         ),
         # librdkafka's BROKER is Kafka's CLUSTER resource (type 4), always named kafka-cluster.
         *_allow(CONTROL, _Res.BROKER, "kafka-cluster", [_Op.ALTER, _Op.DESCRIBE]),
+        # An idempotent producer asks for its id when it starts, before any job has granted it a topic
+        # (WRITE on a topic implies this only once one exists); refused, the client is dead for good.
+        *(
+            b
+            for u in (INGEST, PROCESSOR, SINK)
+            for b in _allow(u, _Res.BROKER, "kafka-cluster", [_Op.IDEMPOTENT_WRITE])
+        ),
         # The default output topic, which the sink always reads (its `topics` setting).
         *_allow(PROCESSOR, _Res.TOPIC, constants.DEFAULT_AGGREGATES_TOPIC, [_Op.WRITE]),
         *_allow(SINK, _Res.TOPIC, constants.DEFAULT_AGGREGATES_TOPIC, [_Op.READ]),

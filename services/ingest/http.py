@@ -54,8 +54,10 @@ TRACE_ROOM = 512  # bytes kept free in a posted event's record for the trace hea
 class _Delivery:
     """Delivery reports of one request's records; filled by whichever thread serves the producer."""
 
+    producer: Producer  # the one this request's records went to, even if replaced since
     expected: int = 0  # records queued for this request
     errors: dict[int, str] = field(default_factory=dict)
+    fatal: bool = False  # the producer hit a fatal error: it fails every record from now on
     reported: set[int] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -68,6 +70,7 @@ class _Delivery:
             self.reported.add(index)
             if err is not None:
                 self.errors[index] = str(err)
+                self.fatal = self.fatal or err.fatal() or err.code() == KafkaError._FATAL
 
 
 class StreamCatalog(Protocol):
@@ -109,7 +112,12 @@ class HttpIngest:
         self.settings = s
         self.queue_limit = 100_000
         self._gate = RecordGate(catalog.tracer)
-        self.producer = Producer(
+        self._producer_lock = threading.Lock()
+        self.producer = self._new_producer()
+
+    def _new_producer(self) -> Producer:
+        s = self.settings
+        return Producer(
             {
                 **s.kafka.config(),
                 "enable.idempotence": True,  # broker retries never duplicate a posted event
@@ -157,7 +165,18 @@ class HttpIngest:
                 f"; and {len(unwritable) - 5} more" if len(unwritable) > 5 else ""
             )
             return PostOutcome(400, {"detail": f"{detail}: nothing of this request was written"})
-        return self._write(source, checked)
+        outcome, fatal = self._write(source, checked)
+        if fatal:
+            self._replace_producer()
+        return outcome
+
+    def _replace_producer(self) -> None:
+        """An idempotent producer's fatal error (e.g. refused a producer id before its grants existed) is
+        permanent for that client: the records it failed were answered as failed, the next get a new one."""
+        with self._producer_lock:
+            old, self.producer = self.producer, self._new_producer()
+        log.warning("the HTTP producer hit a fatal error; replaced it")
+        old.flush(0)
 
     def _check(
         self, source: Source, validator: RecordValidator, raw: bytes, doc: Any, now: int
@@ -174,8 +193,11 @@ class HttpIngest:
                 return Rejection(OVERSIZED_RECORD, why)
         return verdict
 
-    def _write(self, source: Source, checked: list[tuple[bytes, ValidEvent | Rejection]]) -> PostOutcome:
-        delivery = _Delivery()
+    def _write(
+        self, source: Source, checked: list[tuple[bytes, ValidEvent | Rejection]]
+    ) -> tuple[PostOutcome, bool]:
+        """The outcome, and whether the producer hit a fatal error on the way."""
+        delivery = _Delivery(self.producer)
         results: list[dict[str, Any]] = []
         queue_full = False
         # A traced request (the client sent a sampled traceparent) hands its trace to every event it
@@ -245,7 +267,7 @@ class HttpIngest:
             "results": results,
         }
         # A full queue is backpressure (429); a record the broker did not acknowledge is an outage (503).
-        return PostOutcome(429 if queue_full else 503 if failed else 202, body)
+        return PostOutcome(429 if queue_full else 503 if failed else 202, body), delivery.fatal
 
     def _produce(
         self,
@@ -260,7 +282,9 @@ class HttpIngest:
         deadline = time.monotonic() + HTTP_ACK_TIMEOUT_MS / 1000
         while True:
             try:
-                self.producer.produce(topic, key=key, value=value, headers=headers, on_delivery=on_delivery)
+                delivery.producer.produce(
+                    topic, key=key, value=value, headers=headers, on_delivery=on_delivery
+                )
                 delivery.expected += 1
                 return True
             except KafkaException as e:  # refused at once (records are measured first: not expected)
@@ -270,7 +294,7 @@ class HttpIngest:
             except BufferError:
                 if time.monotonic() > deadline:
                     return False
-                self.producer.poll(0.05)
+                delivery.producer.poll(0.05)
 
     def _trace_root(self, gate: RecordGate, topic: str) -> list[tuple[str, str | bytes | None]]:
         """Start a trace for one posted event: a short span whose context the record carries on."""
@@ -284,7 +308,7 @@ class HttpIngest:
     def _await(self, delivery: _Delivery) -> None:
         deadline = time.monotonic() + HTTP_ACK_TIMEOUT_MS / 1000
         while delivery.done < delivery.expected and time.monotonic() < deadline:
-            self.producer.poll(0.02)
+            delivery.producer.poll(0.02)
 
     def close(self) -> None:
         self.producer.flush(10)
