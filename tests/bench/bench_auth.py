@@ -3,14 +3,17 @@
 `python -m tests.bench auth`. The same stack twice, each in a run directory of its own (the broker's
 storage is formatted with its users or without): first as `make demo` runs it (every client logs in,
 every request passes the ACLs), then with a broker that accepts anyone. In each, the pipeline part's
-burst (count only, ``EVENTS`` events, tests/bench/bench_pipeline.py) and the freshness part's
-micro-batch measurement (tests/bench/bench_freshness.py). ``burst_ratio`` is the authenticated burst's
-events/s over the open one's.
+burst (count only, ``EVENTS`` events, tests/bench/bench_pipeline.py) ``BURSTS`` times, each a job of
+its own, and the freshness part's micro-batch measurement (tests/bench/bench_freshness.py).
+``burst_ratio`` is the authenticated stack's best burst (the least disturbed by the rest of the
+machine) over the open one's; the stack measured first meets a colder machine, so
+``SF_BENCH_AUTH_ORDER`` can swap them.
 """
 
 from __future__ import annotations
 
 import os
+import statistics
 from typing import Any
 
 import redis
@@ -22,6 +25,7 @@ from tests.bench.bench_pipeline import run_burst
 from tests.bench.stack import _SHIFT, RUN, Control, config_at, services_up
 
 EVENTS = int(os.environ.get("SF_BENCH_AUTH_EVENTS", "300000"))
+BURSTS = int(os.environ.get("SF_BENCH_AUTH_BURSTS", "3"))  # a burst lasts seconds: one sample is noise
 SHIFT = _SHIFT + 5  # beside the report's stack, which may still be running
 
 
@@ -33,19 +37,30 @@ def measure(authenticated: bool) -> dict[str, Any]:
         services_up(cfg, zipkin=False)
         client = redis.Redis.from_url(cfg.redis_url)
         with Control(cfg) as control:
-            burst = run_burst(cfg, control, client, "auth", workload.COUNT_ONLY, events=EVENTS)
+            bursts = [
+                run_burst(cfg, control, client, "auth", workload.COUNT_ONLY, events=EVENTS)
+                for _ in range(BURSTS)
+            ]
             warm_up(cfg, control)
             fresh = measure_mode(cfg, control, client, "micro_batch")
     finally:
         procs.stop_all(run)
+    rates = [b["events_per_s"] for b in bursts]
+    exact = all(b["exact"] for b in bursts)
     return {
-        "burst": {k: burst[k] for k in ("events", "exact", "events_per_s", "load_1m")},
+        "burst": {
+            "events": EVENTS,
+            "exact": exact,
+            "events_per_s": max(rates) if exact else None,
+            "median_events_per_s": statistics.median(rates) if exact else None,
+            "samples": rates,
+            "load_1m": [b["load_1m"] for b in bursts],
+        },
         "freshness": fresh,
     }
 
 
 def main() -> dict[str, Any]:
-    # SF_BENCH_AUTH_ORDER=off,on measures the open broker first (the machine warms up under the first).
     order = os.environ.get("SF_BENCH_AUTH_ORDER", "on,off").split(",")
     measured = {mode: measure(mode == "on") for mode in order}
     on, off = measured["on"], measured["off"]
