@@ -13,6 +13,7 @@ only the ones below it:
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from concurrent.futures import Future
@@ -42,7 +43,7 @@ from services.control.transitions import Transitions
 from shared import constants
 from shared.allowed_paths import refusal, under_roots
 from shared.clock import Clock, wall_clock_ms
-from shared.jobspec import JobSpec, spec_from_json
+from shared.jobspec import JobSpec, Source, spec_from_json
 from shared.jobstate import ACTIVE_STATES, JobState
 from shared.kafka_acl import provision_job
 
@@ -163,6 +164,7 @@ class JobManager:
         self.check_output_topic(spec)
         with self.placement.lock:
             jobs = self.jobs.list()
+            check_sources(spec, jobs)
             self.admission.check_jobs(owner, jobs)
             processors = self.instances.alive("processor")
             # No processor yet: the job waits CREATED and is placed when one registers.
@@ -260,3 +262,30 @@ class JobManager:
             CONTROL_JOBS.labels(state.value).set(sum(1 for j in jobs if j.state == state))
         for service in SERVICES:
             CONTROL_INSTANCES.labels(service).set(sum(1 for i in live.values() if i.service == service))
+
+
+def check_sources(spec: JobSpec, jobs: list[JobRecord]) -> None:
+    """Ingest validates and keys a raw topic one way for every job that reads it: a job whose source
+    of a topic differs from an active job's would be refused by every ingest, holding back every other
+    job's stream updates with it."""
+    for job in jobs:
+        if job.id == spec.id or job.state not in ACTIVE_STATES:
+            continue
+        theirs = {s.topic: s for s in spec_from_json(job.spec_json).sources}
+        for source in spec.sources:
+            other = theirs.get(source.topic)
+            if other is not None and other != source:
+                differ = [
+                    f for f in ("fields", "key", "event_time") if getattr(other, f) != getattr(source, f)
+                ]
+                raise JobConflict(
+                    f"source: raw topic {source.topic!r} is read by job {job.id!r} with another "
+                    f"{', '.join(differ) or 'definition'} ({_described(other, differ)}); ingest keys and "
+                    "validates a topic one way for every job, so give this job the same source (a windowed "
+                    "job can key its windows differently with group_by) or read another topic"
+                )
+
+
+def _described(source: Source, names: list[str]) -> str:
+    shown = source.model_dump(mode="json")
+    return "; ".join(f"{n}: {json.dumps(shown[n])}" for n in names)

@@ -7,6 +7,7 @@ A package registers its operators in its metadata (``[project.entry-points."stre
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib.metadata import EntryPoint, entry_points
@@ -32,7 +33,8 @@ class OperatorInfo:
 
     @property
     def description(self) -> str:
-        return (self.cls.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
+        """The docstring's first paragraph, on one line."""
+        return " ".join(inspect.cleandoc(self.cls.__doc__ or "").split("\n\n")[0].split())
 
     def params_schema(self) -> dict[str, Any]:
         return self.cls.Params.model_json_schema()

@@ -170,6 +170,29 @@ def test_a_job_may_not_write_into_another_jobs_input(api: TestClient, unique: st
     assert api.get(f"/jobs/{unique}-x", headers=auth()).status_code == 404
 
 
+def test_jobs_on_one_raw_topic_share_its_source_or_are_409(api: TestClient, unique: str) -> None:
+    """Ingest keys and validates a topic one way: a second definition would be refused by every ingest."""
+    first = spec(unique)
+    assert submit(api, first).status_code == 201
+    same = spec(f"{unique}-same", source=first["source"], window={"type": "tumbling", "size": "1m"})
+    assert submit(api, same).status_code == 201
+    by_user = {
+        **first["source"],
+        "fields": {"page": "string", "user": "string", "ts": "timestamp"},
+        "key": ["user"],
+    }
+    resp = submit(api, spec(f"{unique}-other", source=by_user))
+    assert resp.status_code == 409, resp.text
+    detail = resp.json()["detail"]
+    assert f"raw topic '{unique}-clicks' is read by job '{unique}' with another fields, key" in detail
+    assert 'key: ["page"]' in detail and "group_by" in detail
+    assert api.get(f"/jobs/{unique}-other", headers=auth()).status_code == 404
+    # Once the jobs that read it are gone, the topic may be defined anew.
+    for job_id in (unique, f"{unique}-same"):
+        assert api.post(f"/jobs/{job_id}/cancel", headers=auth()).status_code in (200, 202)
+    assert submit(api, spec(f"{unique}-other", source=by_user)).status_code == 201
+
+
 def test_a_spec_the_processor_rejects_is_422_and_the_job_failed(
     api: TestClient, plane: ControlPlane, instances: list[FakeInstance], unique: str
 ) -> None:
