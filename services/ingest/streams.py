@@ -19,6 +19,7 @@ from services.ingest.errors import StreamConfigError
 from services.ingest.watermark import IdlePolicy
 from shared.errors import SpecError
 from shared.jobspec import JobSpec, Source, Watermark, load_job_spec
+from shared.operators import timer_reach_ms
 
 
 class StreamDefinition(BaseModel):
@@ -30,7 +31,8 @@ class StreamDefinition(BaseModel):
     watermark: Watermark = Watermark()
     # Per job reading the stream: its idle timeout (0: off); empty: the watermark's (a streams file).
     idle_timeouts: tuple[int, ...] = ()
-    # How far past the last event time its jobs' windows reach, the watermark delay included.
+    # How far past the last event time its jobs' windows (or operators' timers) reach, the watermark
+    # delay included.
     horizon_ms: int = 0
 
     @property
@@ -40,7 +42,8 @@ class StreamDefinition(BaseModel):
     @classmethod
     def of_job(cls, spec: JobSpec) -> list[StreamDefinition]:
         """Every stream a job reads (a join reads two), each with the job's watermark."""
-        reach = spec.windowing.size if spec.windowing is not None else 0
+        # A window closes at its end; an operator's timers fire as far past a key's last event as it says.
+        reach = spec.windowing.size if spec.windowing is not None else timer_reach_ms(spec)
         return [
             cls(
                 source=source,

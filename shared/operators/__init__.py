@@ -22,6 +22,7 @@ from shared.operators.registry import (
     check_process,
     installed_operators,
     operator_named,
+    timer_reach_ms,
 )
 
 __all__ = [
@@ -41,4 +42,5 @@ __all__ = [
     "check_process",
     "installed_operators",
     "operator_named",
+    "timer_reach_ms",
 ]

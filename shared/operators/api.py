@@ -126,3 +126,9 @@ class Operator(ABC, Generic[P]):
     def on_timer(self, key: str, timestamp_ms: int, ctx: Context) -> Iterable[Result]:
         """A timer of ``key`` registered for ``timestamp_ms`` fired."""
         return ()
+
+    @classmethod
+    def timer_reach_ms(cls, params: P) -> int:
+        """How far past a key's last event its event-time timers may lie: once the whole stream is
+        silent, ingest advances its event time this far (as it does to close a window), so they fire."""
+        return 0

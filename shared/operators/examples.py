@@ -108,6 +108,10 @@ class InactivityAlert(Operator[InactivityParams]):
         if last is not None and last + self.params.gap == timestamp_ms:
             yield self._alert(last)
 
+    @classmethod
+    def timer_reach_ms(cls, params: InactivityParams) -> int:
+        return params.gap
+
     def _alert(self, last: int) -> Result:
         return Result({"gap_ms": self.params.gap}, start_ms=last, end_ms=last + self.params.gap, final=True)
 

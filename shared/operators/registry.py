@@ -8,6 +8,7 @@ A package registers its operators in its metadata (``[project.entry-points."stre
 from __future__ import annotations
 
 import inspect
+import logging
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib.metadata import EntryPoint, entry_points
@@ -20,6 +21,8 @@ from shared.jobspec import JobSpec
 from shared.operators.api import Operator
 
 GROUP = "streamforge.operators"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,23 @@ def operator_named(name: str) -> OperatorInfo:
         listed = ", ".join(operators) or "none"
         raise SpecError(f"process.operator: no operator {name!r} is installed (installed: {listed})")
     return operators[name]
+
+
+def timer_reach_ms(spec: JobSpec) -> int:
+    """How far past a key's last event a process job's event-time timers may lie (its operator's
+    ``timer_reach_ms``); 0 for other jobs and for an operator not installed in this environment."""
+    if spec.process is None:
+        return 0
+    info = installed_operators().get(spec.process.operator)
+    if info is None:
+        log.warning(
+            "job %s: operator %r is not installed here, so a silent stream's event time is not advanced "
+            "for its timers",
+            spec.id,
+            spec.process.operator,
+        )
+        return 0
+    return int(info.cls.timer_reach_ms(info.params(spec.process.params)))
 
 
 def check_process(spec: JobSpec) -> None:

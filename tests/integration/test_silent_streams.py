@@ -200,3 +200,52 @@ def test_a_stream_with_one_partition_still_busy_is_not_advanced(kafka_bootstrap:
     for a in advances:
         assert a[ADVANCE_FIELD] >= OOO_MS
         assert last + OOO_MS <= a["ts"] <= int(time.time() * 1000)
+
+
+def test_an_inactivity_alert_fires_for_every_key_once_the_whole_stream_is_silent(
+    spark: SparkSession,  # noqa: F811
+    kafka_bootstrap: str,
+    tmp_path: Path,
+) -> None:
+    """An operator's event-time timers lie past a key's last event (inactivity_alert: its gap): ingest
+    advances a silent stream's event time that far, so each key's last silence is reported."""
+    topic = f"quiet{uuid.uuid4().hex[:8]}"
+    gap_ms = 3_000
+    spec = JobSpec.model_validate(
+        {
+            "id": f"{topic}-alert",
+            "source": {
+                "topic": topic,
+                "fields": {"k": "string", "value": "double", "ts": "timestamp"},
+                "key": ["k"],
+                "event_time": {"field": "ts"},
+            },
+            "process": {"operator": "inactivity_alert", "params": {"gap": gap_ms}},
+            "watermark": {"max_out_of_orderness": OOO_MS},
+            "trigger_interval": "500ms",
+            "output_topic": f"{topic}-alert.out",
+        }
+    )
+    (stream,) = StreamDefinition.of_job(spec)
+    assert stream.horizon_ms == gap_ms + OOO_MS
+    ensure_topics(kafka_bootstrap, [topic, spec.source.valid_topic, spec.source.dlq_topic], partitions=2)
+    ensure_topics(kafka_bootstrap, [spec.output_topic], partitions=1)
+    producer = Producer({**client_config(kafka_bootstrap), "linger.ms": 5})
+    with running_ingest(kafka_bootstrap, topic, [stream]):
+        query = start_query(spark, spec, kafka_bootstrap, str(tmp_path / spec.id), max_offsets=100_000)
+        try:
+            time.sleep(3)  # the query's first batches
+            sent = send_live(producer, topic, [0, 1], seconds=5, seed=5)
+            # Events of a key come every few hundred ms: its only silence is the one after its last.
+            expected = {(k, max(int(e["ts"]) for e in sent if e["k"] == k)) for k in KEYS}
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline and set(results_of(kafka_bootstrap, spec)) < expected:
+                time.sleep(0.5)
+            assert query.isActive, query.exception()
+            got = results_of(kafka_bootstrap, spec)
+            assert set(got) == expected
+            for (key, last), rows in got.items():
+                assert len(rows) == 1 and rows[0].final, (key, rows)
+                assert rows[0].window_end == last + gap_ms
+        finally:
+            query.stop()
