@@ -28,6 +28,7 @@ import shutil
 import subprocess
 import sys
 import time
+import tomllib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,7 @@ REGISTRY = "localhost/streamforge"
 LABEL = "io.streamforge.inputs"
 CONTAINERS_DIR = Path(__file__).resolve().parent / "containers"
 CONTEXT_DIR = CACHE_DIR / "images" / "context"
+DIST_INFO_DIR = "dist-info"  # in the context: the project's metadata (_stage_dist_info)
 SERVICES = ("ingest", "processor", "sink", "control")
 # Every image `make images` builds: the services' and HDFS's.
 IMAGES = (*SERVICES, "hdfs")
@@ -151,6 +153,25 @@ def pinned_ref(ref: str, inputs: str) -> str:
     return f"{ref.rsplit(':', 1)[0]}:in-{inputs[:16]}"
 
 
+def _stage_dist_info(directory: Path) -> list[Path]:
+    """The project's distribution metadata as an install would write it (name, version, entry points):
+    the images copy the code, not install it, yet must find the shipped operators by entry point."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    d = directory / f"{project['name']}-{project['version']}.dist-info"
+    d.mkdir(parents=True)
+    (d / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n"
+    )
+    groups = project.get("entry-points", {})
+    (d / "entry_points.txt").write_text(
+        "".join(
+            f"[{group}]\n" + "".join(f"{name} = {target}\n" for name, target in sorted(eps.items())) + "\n"
+            for group, eps in sorted(groups.items())
+        )
+    )
+    return sorted(d.iterdir())
+
+
 def stage_context(context: Path = CONTEXT_DIR, log: Log = _stderr_log) -> dict[str, ImageSpec]:
     """Copy what the images are built from into ``context``; returns the images in build order."""
     generated = ROOT / "shared" / "proto" / "streamforge_pb2.py"
@@ -183,6 +204,8 @@ def stage_context(context: Path = CONTEXT_DIR, log: Log = _stderr_log) -> dict[s
         dest = context / "hdfs-app" / module
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / module, dest)
+
+    dist_info = _stage_dist_info(context / DIST_INFO_DIR)
 
     def cf(path: Path) -> bytes:
         return path.read_bytes()
@@ -227,7 +250,9 @@ def stage_context(context: Path = CONTEXT_DIR, log: Log = _stderr_log) -> dict[s
             [
                 parent.inputs.encode(),
                 cf(containerfile),
-                *_file_parts(context, [*shared_files, context / "services" / "__init__.py", *own]),
+                *_file_parts(
+                    context, [*shared_files, *dist_info, context / "services" / "__init__.py", *own]
+                ),
             ]
         )
         specs[service] = ImageSpec(service_image(service), containerfile, parent.pinned, digest)

@@ -38,6 +38,7 @@ from infra.local.stack import StackConfig
 from services.processor.spark.session import FORKLESS_LOCAL_FS
 from shared import constants
 from shared.kafka import ensure_topics
+from shared.operators import installed_operators
 from tests.e2e.stack_util import PAGE_VIEWS_SPEC
 
 pytestmark = pytest.mark.containers
@@ -216,10 +217,24 @@ def test_events_go_through_the_service_containers(
 
     for service, url in _ready_urls(stack_cfg).items():
         _wait(f"{service} (container) to be ready", lambda url=url: _http_ok(url), 240, why)
+    _assert_shipped_operators(stack_cfg, credentials, service_containers)
     _run_job_and_check_redis(stack_cfg, credentials, unique, redis_client, why)
     for service, name in service_containers.items():
         assert is_running(name), f"{service} died\n{why()}"
     _assert_forkless_file_system(logs(service_containers["processor"], lines=100_000))
+
+
+def _assert_shipped_operators(cfg: StackConfig, credentials: Credentials, containers: dict[str, str]) -> None:
+    """The images copy the code without installing it, yet their Python finds the operators this project
+    registers as entry points: control lists them, the processor and ingest load them."""
+    shipped = {name for name, info in installed_operators().items() if info.distribution == "streamforge"}
+    assert shipped >= {"running_total", "inactivity_alert"}
+    with Client(cfg.control_url, credentials.control_token) as api:
+        assert shipped <= {o["name"] for o in api.operators()}
+    script = "from shared.operators import installed_operators as i; print(' '.join(i()))"
+    for service in ("processor", "ingest"):
+        found = podman(["exec", containers[service], "python", "-c", script]).split()
+        assert shipped <= set(found), (service, found)
 
 
 def _assert_forkless_file_system(processor_log: str) -> None:
