@@ -104,14 +104,15 @@ def _alive(pid: int) -> bool:
         return True
     # A zombie leader with live threads is still running: the JVM's main thread exits early during
     # shutdown while the shutdown hooks keep going. Only when every thread is a zombie is it gone.
+    # A thread reaped between listing and reading answers ENOENT or ESRCH: it is gone either way.
     try:
         tasks = [int(t.name) for t in Path(f"/proc/{pid}/task").iterdir()]
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):
         return False
     for tid in tasks:
         try:
             stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):
             continue
         if stat[stat.rindex(")") + 2 :].split()[0] not in ("Z", "X"):
             return True
