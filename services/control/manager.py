@@ -161,10 +161,9 @@ class JobManager:
                 f"id: job ids starting with {constants.WARMUP_JOB_PREFIX!r} are reserved for the "
                 "processors' own warm-up job; pick another id"
             )
-        self.check_output_topic(spec)
         with self.placement.lock:
             jobs = self.jobs.list()
-            check_sources(spec, jobs)
+            check_topics(spec, jobs)
             self.admission.check_jobs(owner, jobs)
             processors = self.instances.alive("processor")
             # No processor yet: the job waits CREATED and is placed when one registers.
@@ -183,17 +182,6 @@ class JobManager:
             provision_job(self.settings.kafka, spec, self.settings.topic_partitions)
         except KafkaException as e:
             raise KafkaUnavailable(f"cannot set up job {spec.id}'s Kafka topics: {e}") from e
-
-    def check_output_topic(self, spec: JobSpec) -> None:
-        """A job must not write into another active job's input (it would inject events there)."""
-        for job in self.jobs.list():
-            if job.id == spec.id or job.state not in ACTIVE_STATES:
-                continue
-            if spec.output_topic in spec_from_json(job.spec_json).input_topics:
-                raise JobConflict(
-                    f"output_topic {spec.output_topic!r} is an input topic of job {job.id!r}: "
-                    "a job never writes into another job's input; pick another output_topic"
-                )
 
     def get(self, job_id: str) -> JobRecord:
         job = self.jobs.get(job_id)
@@ -264,14 +252,21 @@ class JobManager:
             CONTROL_INSTANCES.labels(service).set(sum(1 for i in live.values() if i.service == service))
 
 
-def check_sources(spec: JobSpec, jobs: list[JobRecord]) -> None:
-    """Ingest validates and keys a raw topic one way for every job that reads it: a job whose source
-    of a topic differs from an active job's would be refused by every ingest, holding back every other
+def check_topics(spec: JobSpec, jobs: list[JobRecord]) -> None:
+    """Refuse (409) a job that would disturb an active one: writing into its input (it would inject
+    events there), or reading one of its raw topics another way. Ingest validates and keys a topic one
+    way for every job: a second definition would be refused by every ingest, holding back every other
     job's stream updates with it."""
     for job in jobs:
         if job.id == spec.id or job.state not in ACTIVE_STATES:
             continue
-        theirs = {s.topic: s for s in spec_from_json(job.spec_json).sources}
+        active = spec_from_json(job.spec_json)
+        if spec.output_topic in active.input_topics:
+            raise JobConflict(
+                f"output_topic {spec.output_topic!r} is an input topic of job {job.id!r}: "
+                "a job never writes into another job's input; pick another output_topic"
+            )
+        theirs = {s.topic: s for s in active.sources}
         for source in spec.sources:
             other = theirs.get(source.topic)
             if other is not None and other != source:

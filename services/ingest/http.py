@@ -165,18 +165,21 @@ class HttpIngest:
                 f"; and {len(unwritable) - 5} more" if len(unwritable) > 5 else ""
             )
             return PostOutcome(400, {"detail": f"{detail}: nothing of this request was written"})
-        outcome, fatal = self._write(source, checked)
-        if fatal:
-            self._replace_producer()
+        outcome, failed_producer = self._write(source, checked)
+        if failed_producer is not None:
+            self._replace_producer(failed_producer)
         return outcome
 
-    def _replace_producer(self) -> None:
+    def _replace_producer(self, failed: Producer) -> None:
         """An idempotent producer's fatal error (e.g. refused a producer id before its grants existed) is
-        permanent for that client: the records it failed were answered as failed, the next get a new one."""
+        permanent for that client: the records it failed were answered as failed, the next get a new one.
+        Requests that saw the same failure replace it once."""
         with self._producer_lock:
-            old, self.producer = self.producer, self._new_producer()
+            if self.producer is not failed:
+                return
+            self.producer = self._new_producer()
         log.warning("the HTTP producer hit a fatal error; replaced it")
-        old.flush(0)
+        failed.flush(0)
 
     def _check(
         self, source: Source, validator: RecordValidator, raw: bytes, doc: Any, now: int
@@ -195,8 +198,8 @@ class HttpIngest:
 
     def _write(
         self, source: Source, checked: list[tuple[bytes, ValidEvent | Rejection]]
-    ) -> tuple[PostOutcome, bool]:
-        """The outcome, and whether the producer hit a fatal error on the way."""
+    ) -> tuple[PostOutcome, Producer | None]:
+        """The outcome, and the producer if it hit a fatal error on the way."""
         delivery = _Delivery(self.producer)
         results: list[dict[str, Any]] = []
         queue_full = False
@@ -267,7 +270,9 @@ class HttpIngest:
             "results": results,
         }
         # A full queue is backpressure (429); a record the broker did not acknowledge is an outage (503).
-        return PostOutcome(429 if queue_full else 503 if failed else 202, body), delivery.fatal
+        return PostOutcome(
+            429 if queue_full else 503 if failed else 202, body
+        ), delivery.producer if delivery.fatal else None
 
     def _produce(
         self,

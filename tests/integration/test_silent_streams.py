@@ -48,16 +48,20 @@ WINDOWS = {
 }
 
 
+def source_of(topic: str) -> dict[str, Any]:
+    return {
+        "topic": topic,
+        "fields": {"k": "string", "value": "double", "ts": "timestamp"},
+        "key": ["k"],
+        "event_time": {"field": "ts"},
+    }
+
+
 def spec_for(topic: str, kind: str) -> JobSpec:
     return JobSpec.model_validate(
         {
             "id": f"{topic}-{kind}",
-            "source": {
-                "topic": topic,
-                "fields": {"k": "string", "value": "double", "ts": "timestamp"},
-                "key": ["k"],
-                "event_time": {"field": "ts"},
-            },
+            "source": source_of(topic),
             "window": WINDOWS[kind],
             "watermark": {"max_out_of_orderness": OOO_MS},
             "aggregations": [{"fn": "count", "as": "n"}, {"fn": "sum", "field": "value", "as": "total"}],
@@ -214,12 +218,7 @@ def test_an_inactivity_alert_fires_for_every_key_once_the_whole_stream_is_silent
     spec = JobSpec.model_validate(
         {
             "id": f"{topic}-alert",
-            "source": {
-                "topic": topic,
-                "fields": {"k": "string", "value": "double", "ts": "timestamp"},
-                "key": ["k"],
-                "event_time": {"field": "ts"},
-            },
+            "source": source_of(topic),
             "process": {"operator": "inactivity_alert", "params": {"gap": gap_ms}},
             "watermark": {"max_out_of_orderness": OOO_MS},
             "trigger_interval": "500ms",
