@@ -9,6 +9,7 @@ fields) and through the Kafka loop like any other; refused ones straight to the 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hmac
 import logging
@@ -179,7 +180,9 @@ class HttpIngest:
                 return
             self.producer = self._new_producer()
         log.warning("the HTTP producer hit a fatal error; replaced it")
-        failed.flush(0)
+        # Serves the delivery reports still queued in it; a fatal producer raises its error instead.
+        with contextlib.suppress(KafkaException):
+            failed.flush(0)
 
     def _check(
         self, source: Source, validator: RecordValidator, raw: bytes, doc: Any, now: int

@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
+from confluent_kafka.admin import (
+    AclBindingFilter,
+    AclOperation,
+    AclPermissionType,
+    ResourcePatternType,
+    ResourceType,
+)
 from fastapi.testclient import TestClient
 
 from services.ingest import validate as v
@@ -13,7 +23,8 @@ from services.ingest.consumer import Ingest
 from services.ingest.http import HDR_HTTP_INDEX, HttpIngest, create_app
 from services.ingest.streams import StreamDefinition
 from shared import constants
-from shared.kafka import ensure_topics
+from shared.kafka import KafkaAccess, admin, ensure_topics
+from shared.kafka_acl import grant, mint_producer, producer_bindings, revoke_user
 from tests.integration.test_ingest import BASE_MS, HTTP_TOKEN, drain, ingest_settings, stream_definition
 from tests.kafka_util import produce_all, read_all, read_valid
 
@@ -141,3 +152,60 @@ def test_backpressure_answers_429_with_retry_after_when_ingest_lags(
     ingest.progress.refresh()
     assert ingest.progress.lag(stream.topic) == 0
     assert client.post(url, content=orjson.dumps(event)).status_code == 202
+
+
+def test_a_producer_refused_its_id_is_replaced_and_posts_go_through_once_granted(
+    kafka_bootstrap: KafkaAccess, ingest: Ingest, stream: StreamDefinition, unique: str, tmp_path: Path
+) -> None:
+    """An idempotent producer refused its producer id (no grant yet) is fatal for good: the endpoint
+    answers 503 for its records and posts with a new producer once the identity is granted."""
+    user, password = mint_producer(kafka_bootstrap, stream.topic)
+    revoke_user(kafka_bootstrap, user)  # the identity exists, with no grant at all
+    _wait_without_grants(kafka_bootstrap, user)
+    secret = tmp_path / "password"
+    secret.write_text(password)
+    secret.chmod(0o600)
+    as_user = {"kafka_sasl_username": user, "kafka_sasl_password_file": str(secret)}
+    gateway = HttpIngest(ingest, ingest.settings.model_copy(update=as_user))
+    assert gateway.settings.kafka.username == user
+    events = [{"page": "/p", "ts": BASE_MS + i, "v": i} for i in range(3)]
+    with TestClient(create_app(gateway), headers={"Authorization": f"Bearer {HTTP_TOKEN}"}) as c:
+        # Records fail on the topic's authorization at once; the producer id is refused as it connects.
+        answers: list[str] = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not any("Fatal" in a for a in answers):
+            resp = c.post(f"/v1/streams/{stream.topic}/events", content=orjson.dumps(events))
+            assert resp.status_code == 503, resp.text
+            answers.append(resp.json()["results"][0]["message"])
+            time.sleep(0.5)
+        assert "Fatal" in answers[-1], answers
+        grant(kafka_bootstrap, producer_bindings(user, stream.topic))
+        statuses = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and (not statuses or statuses[-1] != 202):
+            statuses.append(
+                c.post(f"/v1/streams/{stream.topic}/events", content=orjson.dumps(events)).status_code
+            )
+            time.sleep(0.5)
+    gateway.close()
+    assert statuses[-1] == 202, statuses
+
+
+def _wait_without_grants(kafka: KafkaAccess, user: str) -> None:
+    """Until the broker applied the deletion of ``user``'s ACLs (a producer started before would still
+    get its id through the implied grant)."""
+    anything: Any = None
+    mine = AclBindingFilter(
+        ResourceType.ANY,
+        anything,
+        ResourcePatternType.ANY,
+        f"User:{user}",
+        anything,
+        AclOperation.ANY,
+        AclPermissionType.ANY,
+    )
+    client = admin(kafka)
+    deadline = time.monotonic() + 30
+    while client.describe_acls(mine, request_timeout=10).result():
+        assert time.monotonic() < deadline, f"{user}'s grants were never deleted"
+        time.sleep(0.1)
