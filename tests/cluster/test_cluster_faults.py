@@ -7,19 +7,26 @@ records) over paced load while ``ClusterFaults`` kills a process of each kind, o
 verdict is the harness's: every window in Redis equals the oracle (nothing lost, nothing counted
 twice), versions never went back, the dead-letter and late topics hold exactly the injected records.
 Timings go to <run dir>/report.json and are printed (pytest -s shows them).
+Last, an operator job (transformWithState, Python workers on the standalone workers) runs exact.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import random
 import shutil
 import signal
 import time
+import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import orjson
 import pytest
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
 from infra.cluster import topology as cluster
@@ -33,7 +40,7 @@ from shared.tls import TlsIdentity
 from tests.bench.stack import Control
 from tests.chaos.__main__ import print_report
 from tests.chaos.flow import INGEST_GROUP, Flow
-from tests.chaos.harness import Faults, Plan, run
+from tests.chaos.harness import BASE_MS, Faults, Plan, run
 
 pytestmark = pytest.mark.e2e
 
@@ -425,3 +432,61 @@ def running_jobs(cfg: ClusterConfig, index: int) -> list[str]:
     finally:
         channel.close()
     return sorted(j.job_id for j in reply.jobs if j.state == pb.JOB_STATE_RUNNING)
+
+
+def test_an_operator_job_runs_on_the_spark_cluster_exact(topology: ClusterConfig) -> None:
+    """A process job (the shipped ``running_total``, found through its entry point in the executors'
+    Python workers on the standalone workers) gives every key's exact total through control."""
+    cfg = topology
+    stack = cluster.stack_config(cfg)
+    job_id = f"operator-{uuid.uuid4().hex[:8]}"
+    spec = {
+        "id": job_id,
+        "source": {
+            "topic": job_id,
+            "fields": {"k": "string", "value": "double", "ts": "timestamp"},
+            "key": ["k"],
+            "event_time": {"field": "ts"},
+        },
+        "watermark": {"max_out_of_orderness": "2s"},
+        "process": {"operator": "running_total", "params": {"field": "value"}},
+        "trigger_interval": "500ms",
+    }
+    rng = random.Random(55)
+    events = [
+        {"k": f"k{rng.randrange(7)}", "value": rng.randint(-500, 500) / 4, "ts": BASE_MS + i * 10}
+        for i in range(4_000)
+    ]
+    counts = Counter(str(e["k"]) for e in events)
+    totals = {k: math.fsum(float(str(e["value"])) for e in events if e["k"] == k) for k in counts}
+    with Control(stack) as control:
+        control.submit(spec)
+        try:
+            producer = Producer({**client_config(cfg.kafka), "enable.idempotence": True, "linger.ms": 5})
+            for e in events:
+                producer.produce(job_id, value=orjson.dumps(e))
+            assert producer.flush(60) == 0
+
+            def newest() -> dict[str, dict[str, Any]]:
+                resp = control.http.get(f"/jobs/{job_id}/results", params={"limit": 100_000})
+                resp.raise_for_status()
+                latest: dict[str, dict[str, Any]] = {}
+                for r in resp.json()["results"]:
+                    if r["key"] not in latest or r["version"] > latest[r["key"]]["version"]:
+                        latest[r["key"]] = r
+                return latest
+
+            def caught_up() -> bool:
+                got = newest()
+                return set(got) == set(counts) and all(
+                    got[k]["aggregates"]["events"] == counts[k] for k in counts
+                )
+
+            procs.wait_for(caught_up, 240, f"every key's last running total of {job_id}")
+            got = newest()
+            assert {k: round(float(r["aggregates"]["total"]), 6) for k, r in got.items()} == {
+                k: round(t, 6) for k, t in totals.items()
+            }
+            assert control.status(job_id)["state"] == "RUNNING"
+        finally:
+            control.cancel(job_id)
