@@ -9,6 +9,7 @@ Python workers, as an installed plugin would be.
 from __future__ import annotations
 
 import itertools
+import math
 import random
 import time
 import uuid
@@ -66,7 +67,114 @@ class FailsOnNegative(Operator[FieldParams]):
         yield Result({"total": total})
 
 
-TEST_OPERATORS = {"fails_on_negative": f"{__name__}:FailsOnNegative"}
+class EveryStateOperation(Operator[FieldParams]):
+    """Every operation of the three state kinds, read and written in one call and across batches."""
+
+    Params = FieldParams
+
+    def open(self, state: StateStore) -> None:
+        self.seen = state.value("seen", int)
+        self.recent = state.list("recent", float)
+        self.items = state.map("items", str, int)
+
+    def process(self, key: str, event: Event, ctx: Context) -> Iterable[Result]:
+        seen = (self.seen.get() or 0) + 1
+        self.seen.update(seen)
+        self.recent.add(event[self.params.field])  # appended without reading first
+        if seen % 4 == 0:
+            self.recent.update(self.recent.get()[-2:])
+        item = str(event["item"])
+        self.items.put(item, (self.items.get(item) or 0) + 1)
+        if seen % 6 == 0:
+            self.items.remove("pen")
+        lamp = self.items.contains("lamp")
+        result = {
+            "seen": seen,
+            "recent": math.fsum(self.recent.get()),
+            "recent_len": len(self.recent.get()),
+            "items": sum(n for _, n in self.items.items()),
+            "lamp": int(lamp),
+        }
+        if seen % 5 == 0:
+            self.seen.clear()
+        if seen % 9 == 0:
+            self.recent.clear()
+        if seen % 7 == 0:
+            self.items.clear()
+        yield Result(result)
+
+
+class DictValue:
+    def __init__(self) -> None:
+        self.v: Any = None
+
+    def get(self) -> Any:
+        return self.v
+
+    def update(self, value: Any) -> None:
+        self.v = value
+
+    def clear(self) -> None:
+        self.v = None
+
+
+class DictList:
+    def __init__(self) -> None:
+        self.v: list[Any] = []
+
+    def get(self) -> list[Any]:
+        return list(self.v)
+
+    def add(self, value: Any) -> None:
+        self.v.append(value)
+
+    def update(self, values: list[Any]) -> None:
+        self.v = list(values)
+
+    def clear(self) -> None:
+        self.v = []
+
+
+class DictMap:
+    def __init__(self) -> None:
+        self.v: dict[Any, Any] = {}
+
+    def get(self, key: Any) -> Any:
+        return self.v.get(key)
+
+    def put(self, key: Any, value: Any) -> None:
+        self.v[key] = value
+
+    def remove(self, key: Any) -> None:
+        self.v.pop(key, None)
+
+    def contains(self, key: Any) -> bool:
+        return key in self.v
+
+    def items(self) -> list[tuple[Any, Any]]:
+        return list(self.v.items())
+
+    def clear(self) -> None:
+        self.v = {}
+
+
+class DictStore:
+    """The oracle's state: plain Python objects, every operation applied at once."""
+
+    def value(self, name: str, kind: Any, *, ttl_ms: int | None = None) -> DictValue:
+        return DictValue()
+
+    def list(self, name: str, kind: Any, *, ttl_ms: int | None = None) -> DictList:
+        return DictList()
+
+    def map(self, name: str, key_kind: Any, value_kind: Any, *, ttl_ms: int | None = None) -> DictMap:
+        return DictMap()
+
+
+TEST_OPERATORS = {
+    "fails_on_negative": f"{__name__}:FailsOnNegative",
+    "every_state_operation": f"{__name__}:EveryStateOperation",
+}
 
 
 def spec_of(job: str, operator: str, params: dict[str, Any], key: str = "user") -> JobSpec:
@@ -408,3 +516,32 @@ def test_savepoint_and_restore_keep_the_operator_state(
     } == expected
     assert {split_version(r.version)[0] for r in got.values()} == {1}
     assert all(got[k].version > r.version for k, r in saved.items())
+
+
+def test_state_of_every_kind_carries_over_batches_as_if_written_at_once(
+    spark: SparkSession,  # noqa: F811
+    kafka_bootstrap: str,
+    operators: None,
+    tmp_path: Any,
+) -> None:
+    """Reads, writes, removals and clears of value, list and map state within one call and across
+    micro-batches give what the same operator gives over plain Python state, event by event."""
+    spec = spec_of(f"state-{uuid.uuid4().hex[:8]}", "every_state_operation", {"field": "amount"})
+    events = shop_events(300, seed=13)
+    q = run(spark, kafka_bootstrap, spec, str(tmp_path / "ckpt"))
+    try:
+        for i in range(0, len(events), 100):  # three batches at least, in event-time order
+            forward(kafka_bootstrap, spec.source, events[i : i + 100])
+            q.processAllAvailable()
+    finally:
+        q.stop()
+    expected: dict[str, list[dict[str, Any]]] = {}
+    for user, es in by_key(events).items():
+        oracle = EveryStateOperation(FieldParams(field="amount"))
+        oracle.open(DictStore())
+        expected[user] = [r.values for e in es for r in oracle.process(user, e, None)]  # type: ignore[arg-type]
+    got: dict[str, list[tuple[int, dict[str, Any]]]] = defaultdict(list)
+    for m in read_all(kafka_bootstrap, spec.output_topic):
+        r = WindowResult.from_json(m.value())
+        got[r.key].append((split_version(r.version)[1], r.aggregates))
+    assert {u: [a for _, a in sorted(rs, key=lambda p: p[0])] for u, rs in got.items()} == expected

@@ -15,6 +15,7 @@ from fastapi.testclient import TestClient
 from client.sdk import Job
 from services.control.api import create_app
 from services.control.settings import ControlSettings
+from services.processor.operators.state import _coerce
 from shared.errors import SpecError
 from shared.jobspec import parse_job_spec
 from shared.operators import check_process, installed_operators, operator_named
@@ -121,3 +122,25 @@ def test_control_lists_operators_and_refuses_bad_params(installed: None) -> None
     assert by_name["dedup_ttl"]["time_mode"] == "processing_time"
     assert by_name["running_total"]["params_schema"]["required"] == ["field"]
     assert bad.status_code == 422 and "n: Input should be less than or equal to 100" in bad.json()["detail"]
+
+
+@pytest.mark.parametrize(
+    ("kind", "value", "stored"),
+    [
+        (int, 3, 3),
+        (float, 2, 2.0),
+        (float, 1.5, 1.5),
+        (bool, False, False),
+        (str, "a", "a"),
+        (int, None, None),
+    ],
+)
+def test_a_state_value_is_stored_as_its_kind(kind: type, value: Any, stored: Any) -> None:
+    got = _coerce(kind, value)
+    assert got == stored and type(got) is type(stored)
+
+
+@pytest.mark.parametrize(("kind", "value"), [(int, True), (int, 1.5), (float, "x"), (str, 1), (bool, 1)])
+def test_a_state_value_of_another_kind_raises_where_it_is_set(kind: type, value: Any) -> None:
+    with pytest.raises(TypeError, match=f"a {kind.__name__} state cannot hold"):
+        _coerce(kind, value)

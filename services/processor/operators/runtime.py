@@ -31,7 +31,7 @@ from services.processor.jobs.columns import (
     SOURCE_OFFSET,
     SOURCE_PARTITION,
 )
-from services.processor.operators.state import SparkContext, SparkStateStore
+from services.processor.operators.state import SparkContext, SparkStateStore, SparkValue
 from shared.operators import Operator, Result, operator_named
 from shared.records import RESERVED_FIELDS
 
@@ -86,8 +86,9 @@ class OperatorProcessor(StatefulProcessor):
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
         self.operator: Operator[Any] = operator_named(self.job.operator).create(self.job.params)
-        self.operator.open(SparkStateStore(handle, self.operator.time_mode))
-        self.results = handle.getValueState(RESULTS_STATE, "n bigint")
+        self.store = SparkStateStore(handle, self.operator.time_mode)
+        self.operator.open(self.store)
+        self.results = SparkValue(handle.getValueState(RESULTS_STATE, "n bigint"), int)
         self.failures_in_a_row = 0
 
     def handleInputRows(self, key: Any, rows: Iterator[Row], timerValues: TimerValues) -> Iterator[Row]:
@@ -97,6 +98,7 @@ class OperatorProcessor(StatefulProcessor):
             key=lambda r: (r[EVENT_TIME_MS], r[SOURCE_PARTITION], r[SOURCE_OFFSET], r[SOURCE_INDEX]),
         )
         key_text = str(key[0])
+        self._begin()
         for row in ordered:
             event = {k: v for k, v in row.items() if k not in INTERNAL}
             ctx = SparkContext(self.handle, timerValues, row[EVENT_TIME_MS])
@@ -108,6 +110,7 @@ class OperatorProcessor(StatefulProcessor):
                 continue
             self.failures_in_a_row = 0
             yield from records
+        self._end()
 
     def handleExpiredTimer(
         self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
@@ -115,13 +118,24 @@ class OperatorProcessor(StatefulProcessor):
         key_text = str(key[0])
         fired = expiredTimerInfo.getExpiryTimeInMs()
         ctx = SparkContext(self.handle, timerValues, fired)
+        self._begin()
         try:
             records = list(self._records(key_text, list(self.operator.on_timer(key_text, fired, ctx)), fired))
         except Exception as e:
             yield self._dead_letter(e, key_text, {"key": key_text, "timer_ms": fired}, None)
-            return
-        self.failures_in_a_row = 0
-        yield from records
+        else:
+            self.failures_in_a_row = 0
+            yield from records
+        self._end()
+
+    def _begin(self) -> None:
+        self.store.discard()
+        self.results.discard()
+
+    def _end(self) -> None:
+        """The call's state changes, written back while Spark still has its key as the current one."""
+        self.store.flush()
+        self.results.flush()
 
     def close(self) -> None:
         pass
@@ -138,7 +152,7 @@ class OperatorProcessor(StatefulProcessor):
                 "final": bool(result.final),
                 "aggregates": values,
             }
-            self.results.update((n,))
+            self.results.update(n)
             yield Row(
                 n=n,
                 key=key,
@@ -151,8 +165,8 @@ class OperatorProcessor(StatefulProcessor):
             )
 
     def _count(self) -> int | None:
-        row = self.results.get()
-        return None if row is None else int(row[0])
+        count: int | None = self.results.get()
+        return count
 
     def _dead_letter(
         self, error: Exception, record_key: str, event: dict[str, Any], row: dict[str, Any] | None
