@@ -8,8 +8,8 @@
     python -m tests.bench --part ingest      # one part in this process (to profile it), no report
 
 The report's parts (tests/bench/bench_<part>.py, in this order): kafka, ingest, spark, pipeline,
-freshness, recovery, memory, silence, hdfs, hosts, faust, auth. The component benches (processor,
-operators, sink, sink_faust, tracing, startup, wire, commits, checkpoints, cleanup) measure one piece
+freshness, recovery, memory, silence, hdfs, hosts, faust, auth, operators. The component benches
+(processor, sink, sink_faust, tracing, startup, wire, commits, checkpoints, cleanup) measure one piece
 each, on their own broker where they need one, and are not in the report.
 
 Each part runs in its own Python process (a part's SparkSession, JVM or faust event loop ends with
@@ -51,10 +51,10 @@ REPORT_PARTS = (
     "hosts",
     "faust",
     "auth",
+    "operators",
 )
 COMPONENT_BENCHES = (
     "processor",
-    "operators",
     "sink",
     "sink_faust",
     "tracing",

@@ -5,7 +5,7 @@ SF_TEST_PORT_OFFSET) and a SparkSession configured as the service configures it.
 goes through the ``running_total`` operator (transformWithState: a Python call per event, state
 through Spark's state server) and through a declarative job with the same results per key (a sum and a
 count per key in one window covering the whole backlog, on_update), each from its first batch to its
-last (processAllAvailable).
+last (processAllAvailable). Each job's newest result per key must equal the oracle's sum and count.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from services.processor.spark.session import build_spark
 from shared.jobspec import JobSpec
 from shared.kafka import ensure_topics
 from shared.operators import installed_operators
-from tests.bench.bench_spark import drain_backlog
+from tests.bench.bench_spark import drain_backlog, newest_windows
 from tests.operators_util import install_operators, shipped_operators
 
 _OFFSET = int(os.environ.get("SF_TEST_PORT_OFFSET", "0")) + 70
@@ -54,6 +54,24 @@ def _spec(job_id: str, **sections: Any) -> JobSpec:
             **sections,
         }
     )
+
+
+def _oracle() -> dict[str, tuple[float, int]]:
+    """Each key's sum and count over the backlog _fill sends."""
+    totals: dict[str, tuple[float, int]] = {}
+    for i in range(BACKLOG):
+        total, events = totals.get(f"s{i % KEYS}", (0.0, 0))
+        totals[f"s{i % KEYS}"] = (total + float(i % 97), events + 1)
+    return totals
+
+
+def _exact(bootstrap: str, spec: JobSpec) -> bool:
+    """Whether the newest result of every key (one window per key) holds the oracle's sum and count."""
+    got = {
+        key: (round(float(a["total"] or 0), 6), int(a["events"]))
+        for (key, _start), a in newest_windows(bootstrap, spec.output_topic).items()
+    }
+    return got == {key: (round(t, 6), n) for key, (t, n) in _oracle().items()}
 
 
 def _fill(bootstrap: str, spec: JobSpec) -> None:
@@ -103,10 +121,10 @@ def main() -> dict[str, Any]:
             result = drain_backlog(spark, spec, CFG.bootstrap, work / spec.id, BACKLOG, max_offsets=50_000)
             for k in ("seconds", "events_per_s", "steady_events_per_s", "data_batches"):
                 out[f"{label}_{k}"] = result[k]
+            out[f"{label}_exact"] = _exact(CFG.bootstrap, spec)
         out["operator_vs_declarative"] = round(
             out["operator_events_per_s"] / out["declarative_events_per_s"], 3
         )
-        out["load_average_1m"] = round(os.getloadavg()[0], 1)
     finally:
         spark.stop()
         b.stop()
