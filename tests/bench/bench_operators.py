@@ -1,7 +1,7 @@
 """An operator job against the equivalent declarative job: events per second through each.
 
-`python -m tests.bench operators`. Starts its own broker (.run/bench-operators, port 19162 plus
-SF_TEST_PORT_OFFSET) and a SparkSession configured as the service configures it. A backlog of events
+`python -m tests.bench operators`. On the report stack's broker (tests/bench/stack.py), a SparkSession
+configured as the service configures it. A backlog of events
 goes through the ``running_total`` operator (transformWithState: a Python call per event, state
 through Spark's state server) and through a declarative job with the same results per key (a sum and a
 count per key in one window covering the whole backlog, on_update), each from its first batch to its
@@ -10,7 +10,6 @@ last (processAllAvailable). Each job's newest result per key must equal the orac
 
 from __future__ import annotations
 
-import os
 import tempfile
 import uuid
 from pathlib import Path
@@ -21,20 +20,15 @@ from confluent_kafka import Producer
 
 from infra.artifacts.class_archive import processor_jvm_settings
 from infra.artifacts.fetch import spark_kafka_jars
-from infra.local.stack import StackConfig, broker
-from infra.paths import RUN_DIR
 from services.processor.settings import ProcessorSettings
 from services.processor.spark.session import build_spark
 from shared.jobspec import JobSpec
-from shared.kafka import ensure_topics
+from shared.kafka import KafkaAccess, client_config, ensure_topics
 from shared.operators import installed_operators
 from tests.bench.bench_spark import drain_backlog, newest_windows
+from tests.bench.stack import infra_up
 from tests.operators_util import install_operators, shipped_operators
 
-_OFFSET = int(os.environ.get("SF_TEST_PORT_OFFSET", "0")) + 70
-CFG = StackConfig(
-    run_dir=RUN_DIR / "bench-operators", kafka_port=19092 + _OFFSET, controller_port=19093 + _OFFSET
-)
 BACKLOG = 100_000
 KEYS = 20
 
@@ -65,7 +59,7 @@ def _oracle() -> dict[str, tuple[float, int]]:
     return totals
 
 
-def _exact(bootstrap: str, spec: JobSpec) -> bool:
+def _exact(bootstrap: KafkaAccess, spec: JobSpec) -> bool:
     """Whether the newest result of every key (one window per key) holds the oracle's sum and count."""
     got = {
         key: (round(float(a["total"] or 0), 6), int(a["events"]))
@@ -74,9 +68,9 @@ def _exact(bootstrap: str, spec: JobSpec) -> bool:
     return got == {key: (round(t, 6), n) for key, (t, n) in _oracle().items()}
 
 
-def _fill(bootstrap: str, spec: JobSpec) -> None:
-    ensure_topics(bootstrap, [spec.source.valid_topic, spec.output_topic, spec.source.dlq_topic], 2)
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.num.messages": 10_000})
+def _fill(kafka: KafkaAccess, spec: JobSpec) -> None:
+    ensure_topics(kafka, [spec.source.valid_topic, spec.output_topic, spec.source.dlq_topic], 2)
+    producer = Producer(client_config(kafka, **{"linger.ms": 20, "batch.num.messages": 10_000}))
     base = 1_767_225_600_000
     for i in range(BACKLOG):
         key = f"s{i % KEYS}"
@@ -92,17 +86,15 @@ def _fill(bootstrap: str, spec: JobSpec) -> None:
 
 
 def main() -> dict[str, Any]:
-    b = broker(CFG)
-    b.start()
-    b.wait_ready()
+    cfg = infra_up(redis=False)
     settings = ProcessorSettings(
-        spark_ui_port=14040 + _OFFSET, kafka_bootstrap=CFG.bootstrap, **processor_jvm_settings()
+        spark_ui_port=cfg.spark_ui_port + 2, kafka_bootstrap=cfg.kafka, **processor_jvm_settings()
     )
     spark = build_spark(settings, [str(p) for p in spark_kafka_jars()])
     spark.sparkContext.setLogLevel("ERROR")
     if "running_total" not in installed_operators():  # an environment installed before the entry points
         install_operators(Path(tempfile.mkdtemp(prefix="sf-operators-")), shipped_operators(), spark)
-    work = CFG.run_dir / "checkpoints" / uuid.uuid4().hex[:6]
+    work = cfg.run_dir / "operators" / uuid.uuid4().hex[:6]
     suffix = uuid.uuid4().hex[:6]
     jobs = {
         "operator": _spec(
@@ -117,15 +109,14 @@ def main() -> dict[str, Any]:
     out: dict[str, Any] = {"events": BACKLOG, "keys": KEYS}
     try:
         for label, spec in jobs.items():
-            _fill(CFG.bootstrap, spec)
-            result = drain_backlog(spark, spec, CFG.bootstrap, work / spec.id, BACKLOG, max_offsets=50_000)
+            _fill(cfg.kafka, spec)
+            result = drain_backlog(spark, spec, cfg.kafka, work / spec.id, BACKLOG, max_offsets=50_000)
             for k in ("seconds", "events_per_s", "steady_events_per_s", "data_batches"):
                 out[f"{label}_{k}"] = result[k]
-            out[f"{label}_exact"] = _exact(CFG.bootstrap, spec)
+            out[f"{label}_exact"] = _exact(cfg.kafka, spec)
         out["operator_vs_declarative"] = round(
             out["operator_events_per_s"] / out["declarative_events_per_s"], 3
         )
     finally:
         spark.stop()
-        b.stop()
     return out
