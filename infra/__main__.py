@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from infra import pki
-from infra.artifacts import apt, class_archive, fetch, jdk, local_fs
+from infra.artifacts import apt, class_archive, fetch, local_fs
 from infra.errors import InfraError
 from infra.local import procs, redis_sentinel
 from infra.local.kafka_broker import DEFAULT_HEAP, KafkaBroker
@@ -80,7 +80,6 @@ def cmd_setup(args: argparse.Namespace) -> None:
     """Every install step a fresh machine needs before anything starts (the venv is the Makefile's)."""
     t0 = time.monotonic()
     _step(f"java: {fetch.require_java()}")
-    _step(f"Spark's JDK: {jdk.spark_java_home() or 'the java on PATH'}")
     cmd_fetch(args)
     t1 = time.monotonic()
     fs_jar, fs_made = local_fs.ensure_local_fs_jar(args.cache_dir, log=_step)

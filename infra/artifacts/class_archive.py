@@ -1,6 +1,5 @@
-"""The processor's class archive (made by services/processor/spark/class_archive.py), made once per
-JDK, pyspark and virtualenv into CACHE_DIR/class-archive/ at set-up: an AOT cache (`.aot`) on the JDK
-infra/artifacts/jdk.py picks for Spark when it has one, else a class-data-sharing archive (`.jsa`).
+"""The processor's class-data-sharing archive (made by services/processor/spark/class_archive.py),
+made once per JDK, pyspark and virtualenv into CACHE_DIR/class-archive/ at set-up.
 
 The archive fits the JVM that made it and the class path it saw (the pyspark jars, by absolute path,
 and the processor's local file system jar, local_fs.py): its file name carries a digest of them, so a
@@ -16,7 +15,6 @@ import sys
 from pathlib import Path
 
 from infra.artifacts.fetch import Log, pyspark_jars_dir, pyspark_version, spark_kafka_jars
-from infra.artifacts.jdk import AOT_CACHE_JDK, feature_version, java_of, spark_java_home
 from infra.artifacts.local_fs import existing_local_fs_jar
 from infra.errors import InfraError
 from infra.paths import CACHE_DIR, ROOT, digest_named, existing
@@ -29,11 +27,11 @@ def _stderr_log(msg: str) -> None:
 
 
 @functools.cache
-def _java_version(java: str) -> str:
+def _java_version() -> str:
     try:
-        done = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60, check=True)
+        done = subprocess.run(["java", "-version"], capture_output=True, text=True, timeout=60, check=True)
     except (OSError, subprocess.SubprocessError) as e:
-        raise InfraError(f"cannot run {java} -version: {e}") from e
+        raise InfraError(f"cannot run java -version: {e}") from e
     return done.stderr.strip()
 
 
@@ -43,10 +41,8 @@ def archive_path(cache_dir: Path = CACHE_DIR, local_fs_jar: str | None = None) -
     if local_fs_jar is None:
         local_fs_jar = existing_local_fs_jar(cache_dir)
     class_path = [str(pyspark_jars_dir().resolve()), local_fs_jar]
-    java = java_of(spark_java_home())
-    key = [_java_version(java), pyspark_version(), *class_path]
-    suffix = ".aot" if feature_version(java) >= AOT_CACHE_JDK else ".jsa"
-    return digest_named(cache_dir / "class-archive", "processor", key, suffix)
+    key = [_java_version(), pyspark_version(), *class_path]
+    return digest_named(cache_dir / "class-archive", "processor", key, ".jsa")
 
 
 def ensure_class_archive(cache_dir: Path = CACHE_DIR, *, log: Log = _stderr_log) -> tuple[Path, bool]:
@@ -58,16 +54,7 @@ def ensure_class_archive(cache_dir: Path = CACHE_DIR, *, log: Log = _stderr_log)
     log(f"making the processor's class archive {path.name} (a short Spark run, once per JDK and pyspark)")
     jars = [f"--jar={j}" for j in spark_kafka_jars(cache_dir, log=log)]
     local_fs = f"--local-fs-jar={local_fs_jar}"
-    java_home = f"--java-home={spark_java_home()}"
-    cmd = [
-        sys.executable,
-        "-m",
-        "services.processor.spark.class_archive",
-        str(path),
-        *jars,
-        local_fs,
-        java_home,
-    ]
+    cmd = [sys.executable, "-m", "services.processor.spark.class_archive", str(path), *jars, local_fs]
     try:
         done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
     except subprocess.TimeoutExpired as e:
@@ -84,10 +71,9 @@ def existing_class_archive(cache_dir: Path = CACHE_DIR) -> str:
 
 
 def processor_jvm_settings(cache_dir: Path = CACHE_DIR) -> dict[str, str]:
-    """ProcessorSettings fields for the JVM set-up made (its JDK, class archive and local file system
-    jar); the three go together: the archive was made by that JDK with that jar on the class path."""
+    """ProcessorSettings fields for the JVM set-up made (its class archive and local file system jar);
+    the two go together: the archive was made with that jar on the class path."""
     return {
-        "java_home": spark_java_home(),
         "class_archive": existing_class_archive(cache_dir),
         "local_fs_jar": existing_local_fs_jar(cache_dir),
     }

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from infra.artifacts.fetch import pyspark_jars_dir, require_java
-from infra.artifacts.jdk import spark_java_home
 from infra.errors import InfraError
 from infra.local import procs
 from infra.local.jvm import checked_memory, private_tmpdir
@@ -120,8 +119,6 @@ class _Daemon:
             "SPARK_DAEMON_MEMORY": DAEMON_MEMORY,
             "SPARK_DAEMON_JAVA_OPTS": f"{DAEMON_JAVA_OPTS} {self._tmpdir_option}",
             "SPARK_NO_DAEMONIZE": "1",
-            # The executors a worker starts run on the driver's JDK: Spark on one JDK throughout.
-            **({"JAVA_HOME": java_home} if (java_home := spark_java_home()) else {}),
         }
 
     def start(self) -> int:

@@ -102,13 +102,8 @@ class ProcessorSettings(BaseServiceSettings):
     spark_jars: list[str] = Field(
         default_factory=list, description="jars of Spark's Kafka connector (required; set-up fills it)"
     )
-    java_home: str = Field(
-        "", description="the JDK Spark's driver JVM runs on (set-up picks one); empty: JAVA_HOME, else PATH"
-    )
     class_archive: str = Field(
-        "",
-        description="the driver JVM's class archive, made by its JDK (set-up makes it): an AOT cache "
-        "(`.aot`, JDK 25+) or a class-data-sharing archive; empty: none",
+        "", description="a class-data-sharing archive for the driver JVM (set-up makes it); empty: none"
     )
     local_fs_jar: str = Field(
         "",

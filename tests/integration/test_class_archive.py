@@ -1,5 +1,4 @@
-"""The processor's class archive (an AOT cache on JDK 25+, else a class-data-sharing archive): made at
-set-up by the JDK set-up chose for Spark, mapped by the driver JVM, harmless when stale.
+"""The processor's class-data-sharing archive: made at set-up, mapped by the driver JVM, harmless when stale.
 
 Each case starts a driver JVM in a process of its own (one SparkContext per process) with the JVM's
 class-loading log on, and reads where Spark's classes came from.
@@ -12,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from infra.artifacts.class_archive import archive_path, ensure_class_archive
-from infra.artifacts.jdk import spark_java_home
 from tests.spark_util import run_own_driver
 
 pytestmark = pytest.mark.integration
@@ -25,29 +23,24 @@ from infra.artifacts.fetch import spark_kafka_jars
 from infra.artifacts.local_fs import existing_local_fs_jar
 from services.processor.spark.session import build_spark
 from services.processor.settings import ProcessorSettings
-archive, class_log, java_home = sys.argv[1], sys.argv[2], sys.argv[4]
+archive, class_log = sys.argv[1], sys.argv[2]
 settings = ProcessorSettings(
     spark_ui_port=0,
     data_dir=sys.argv[3],
-    java_home=java_home,
     class_archive=archive,
     local_fs_jar=existing_local_fs_jar(),
     spark_conf={"spark.driver.extraJavaOptions": f"-Xlog:class+load=info:file={class_log}"},
 )
 spark = build_spark(settings, [str(p) for p in spark_kafka_jars()])
 print("rows", spark.range(100).selectExpr("id % 7 AS k").groupBy("k").count().count())
-print("java", spark.sparkContext._jvm.System.getProperty("java.home"))
 spark.stop()
 """
 SPARK_CONTEXT = "org.apache.spark.SparkContext "
 
 
-def start_session(archive: str, tmp_path: Path, java_home: str = "") -> str:
+def start_session(archive: str, tmp_path: Path) -> str:
     class_log = tmp_path / "classes.log"
-    out = run_own_driver(SESSION, archive, str(class_log), str(tmp_path / "data"), java_home)
-    assert "rows 7" in out
-    if java_home:
-        assert f"java {java_home}" in out, out
+    assert "rows 7" in run_own_driver(SESSION, archive, str(class_log), str(tmp_path / "data"))
     line = next(ln for ln in class_log.read_text().splitlines() if SPARK_CONTEXT in ln)
     return line
 
@@ -56,11 +49,9 @@ def test_setup_made_the_archive_and_the_driver_maps_it(tmp_path: Path) -> None:
     path, made_now = ensure_class_archive()
     assert not made_now, "`make setup` makes the archive; the tests find it"
     assert path == archive_path() and path.stat().st_size > 10 * 2**20
-    java_home = spark_java_home()
-    assert path.suffix == (".aot" if java_home else ".jsa")
-    line = start_session(str(path), tmp_path, java_home)
-    # An AOT cache is one static archive; a class from a dynamic CDS archive comes from its "top" layer.
-    assert f"source: shared objects file{'' if java_home else ' (top)'}" in line, line
+    line = start_session(str(path), tmp_path)
+    # A class from the dynamic archive is reported as coming from its "top" layer.
+    assert "source: shared objects file (top)" in line, line
 
 
 def test_a_stale_archive_costs_time_not_the_start(tmp_path: Path) -> None:
@@ -68,11 +59,4 @@ def test_a_stale_archive_costs_time_not_the_start(tmp_path: Path) -> None:
     stale.write_bytes(b"not a class archive" * 1000)
     line = start_session(str(stale), tmp_path)
     # The JVM ignored it (-Xshare:auto) and read Spark's classes from the jars.
-    assert "shared objects file" not in line and "spark-core" in line, line
-
-
-def test_a_stale_archive_of_the_chosen_jdk_costs_time_not_the_start(tmp_path: Path) -> None:
-    stale = tmp_path / f"stale{archive_path().suffix}"
-    stale.write_bytes(b"not a class archive" * 1000)
-    line = start_session(str(stale), tmp_path, spark_java_home())
     assert "shared objects file" not in line and "spark-core" in line, line

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from infra.artifacts.jdk import spark_java_home
 from services.processor.settings import MIN_DRIVER_MEMORY_MIB, ProcessorSettings, memory_mib
 from services.processor.spark.session import (
     DRIVER_JAVA_OPTIONS,
@@ -115,19 +114,10 @@ def test_a_quick_jit_stops_spark_s_jvms_at_c1_after_the_options_already_given(tm
         ProcessorSettings(tuning_overrides={"jit": "c2"})
 
 
-def test_an_aot_cache_goes_only_to_the_jdk_set_up_chose(tmp_path: Path) -> None:
-    cache = tmp_path / "spark.aot"
-    cache.write_bytes(b"cache")
-    chosen = session_conf(ProcessorSettings(class_archive=str(cache), java_home="/opt/jdk-25"))
-    assert chosen[DRIVER_JAVA_OPTIONS] == f"-XX:AOTCache={cache}"
-    # Without the JDK that made it, the driver starts on whatever java there is, without the cache.
-    assert DRIVER_JAVA_OPTIONS not in session_conf(ProcessorSettings(class_archive=str(cache)))
-
-
 def test_the_quick_jit_option_is_one_this_jdk_applies() -> None:
     """Spark's launcher passes -XX:+IgnoreUnrecognizedVMOptions, so an option the JDK does not know
     would be dropped without a word: ask the JDK Spark runs on what it makes of it."""
-    home = spark_java_home() or os.environ.get("JAVA_HOME")
+    home = os.environ.get("JAVA_HOME")
     java = str(Path(home) / "bin" / "java") if home else shutil.which("java")
     assert java, "no java: Spark needs one"
     flags = subprocess.run(

@@ -1,16 +1,13 @@
-"""An archive of the classes the processor's Spark driver loads: an AOT cache or a CDS archive.
+"""A class-data-sharing (CDS) archive of the classes the processor's Spark driver loads.
 
 A processor's start (first start, or a restart after a crash) is mostly the JVM loading, parsing and
-verifying tens of thousands of classes for the SparkSession, then interpreting a job's first
-micro-batch until the JIT has compiled it. A dynamic class-data-sharing archive (JDK 13+,
-``-XX:ArchiveClassesAtExit``) holds the classes parsed and verified; JDK 25's AOT cache
-(``-XX:AOTCacheOutput``) holds them loaded and linked, with the training run's method profiles, so
-the JIT compiles the hot code sooner.
+verifying tens of thousands of classes for the SparkSession and a job's first micro-batch. A dynamic
+CDS archive (JDK 13+) holds them parsed and verified, so the JVM maps it instead of reading the jars.
 
 ``python -m services.processor.spark.class_archive OUT`` makes one (infra, at set-up, which then fills
-``SF_PROCESSOR_CLASS_ARCHIVE``): a short streaming query shaped like a job's, in a JVM that writes the
-archive to OUT as it exits, an AOT cache when OUT ends in ``.aot``. An archive fits one JDK and one
-class path; a stale one costs a warning and the slow start, never a start.
+``SF_PROCESSOR_CLASS_ARCHIVE``): a short streaming query shaped like a job's, in a JVM that writes every
+class it loaded to OUT as it exits (``-XX:ArchiveClassesAtExit``). An archive fits one JDK and one class
+path; with ``-Xshare:auto`` a stale one costs a warning and the slow start, never a start.
 """
 
 from __future__ import annotations
@@ -86,25 +83,22 @@ def _train(spark: SparkSession, checkpoint: Path) -> None:
         query.stop()
 
 
-def make_archive(out: Path, jars: list[str], local_fs_jar: str = "", java_home: str = "") -> Path:
-    """Run the training query in a JVM (``java_home``'s) that writes its classes to ``out`` when it exits.
+def make_archive(out: Path, jars: list[str], local_fs_jar: str = "") -> Path:
+    """Run the training query in a JVM that writes its classes to ``out`` when it exits.
 
     ``local_fs_jar`` (spark/session.py, local_fs_options) goes on the class path as the processor's
     will: an archive only maps into a JVM whose class path matches the one it was made with."""
     out = out.resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
-    # The JVM checks an AOT cache's name: it must end in .aot while it is written too.
-    partial = out.with_name(f"{out.stem}.partial{out.suffix}")
+    partial = out.with_name(out.name + ".partial")
     partial.unlink(missing_ok=True)
-    write = f"-XX:AOTCacheOutput={partial}" if out.suffix == ".aot" else f"-XX:ArchiveClassesAtExit={partial}"
     with tempfile.TemporaryDirectory(prefix="sf-class-archive-") as tmp:
         settings = ProcessorSettings(
             data_dir=tmp,
             spark_ui_enabled=False,
             spark_jars=jars,
             local_fs_jar=local_fs_jar,
-            java_home=java_home,
-            spark_conf={"spark.driver.extraJavaOptions": write},
+            spark_conf={"spark.driver.extraJavaOptions": f"-XX:ArchiveClassesAtExit={partial}"},
         )
         spark = build_spark(settings, jars)
         _train(spark, Path(tmp) / "checkpoint")
@@ -127,13 +121,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out", type=Path, help="the archive to write")
     parser.add_argument("--jar", action="append", default=[], help="a jar for spark.jars (repeatable)")
     parser.add_argument("--local-fs-jar", default="", help="the processor's local file system jar")
-    parser.add_argument("--java-home", default="", help="the JDK Spark runs on (default: JAVA_HOME or PATH)")
     args = parser.parse_args(argv)
-    if not args.java_home and shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         print("java not found", file=sys.stderr)
         return 1
     started = time.monotonic()
-    out = make_archive(args.out, args.jar, args.local_fs_jar, args.java_home)
+    out = make_archive(args.out, args.jar, args.local_fs_jar)
     print(f"class archive {out} ({out.stat().st_size // 2**20} MiB) in {time.monotonic() - started:.1f} s")
     return 0
 

@@ -90,16 +90,9 @@ def task_slots(spark: SparkSession, settings: ProcessorSettings) -> Slots:
     return Slots(batch=batch, realtime=realtime_task_slots(spark))
 
 
-def class_archive_options(archive: str, java_home: str) -> str:
-    """The driver JVM's options that map the class archive ``archive`` (spark/class_archive.py), or "".
-
-    An AOT cache goes only to a JVM of a JDK set-up chose: an older one refuses its option and would
-    not start at all. Either kind, stale, costs a warning and the slow start."""
-    if not archive or not Path(archive).is_file():
-        return ""
-    if archive.endswith(".aot"):
-        return f"-XX:AOTCache={archive}" if java_home else ""
-    return f"-XX:SharedArchiveFile={archive} -Xshare:auto"
+def class_archive_options(archive: str) -> str:
+    """The driver JVM's options that map the class archive ``archive`` (spark/class_archive.py), or ""."""
+    return f"-XX:SharedArchiveFile={archive} -Xshare:auto" if archive and Path(archive).is_file() else ""
 
 
 def local_auth_options(settings: ProcessorSettings) -> dict[str, str]:
@@ -180,12 +173,9 @@ def session_conf(settings: ProcessorSettings, scratch: Path | None = None) -> di
         **settings.spark_conf,
         **local_fs_options(settings),
     }
-    archive_options = class_archive_options(settings.class_archive, settings.java_home)
+    archive_options = class_archive_options(settings.class_archive)
     if settings.class_archive and not archive_options:
-        log.warning(
-            "class archive %s not found, or an AOT cache without java_home: Spark's JVM starts without it",
-            settings.class_archive,
-        )
+        log.warning("class archive %s not found: Spark's JVM starts without it", settings.class_archive)
     jit = JIT_OPTIONS[settings.tuning.jit]
     given_tmpdir = "-Djava.io.tmpdir=" in conf.get(DRIVER_JAVA_OPTIONS, "")
     tmpdir = shlex.quote(f"-Djava.io.tmpdir={scratch}") if scratch is not None and not given_tmpdir else ""
@@ -271,8 +261,6 @@ def build_spark(
 ) -> SparkSession:
     """The processor's SparkSession; ``clock`` marks when its JVM answered and when it was up."""
     options = spark_options(settings, jars, scratch)
-    if settings.java_home:
-        os.environ["JAVA_HOME"] = settings.java_home  # what spark-submit starts the driver JVM with
     launch_jvm(options)
     if clock is not None:
         clock.mark("jvm")
