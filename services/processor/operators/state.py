@@ -10,7 +10,6 @@ from __future__ import annotations
 import numbers
 from typing import Any, TypeVar
 
-import numpy as np
 from pyspark.sql.streaming.stateful_processor import (
     ListState,
     MapState,
@@ -37,15 +36,21 @@ _UNREAD: Any = object()  # a value not read from Spark during this call
 _ABSENT: Any = object()  # a map key known to have no value
 
 
+def _is_bool(value: Any) -> bool:
+    # NumPy's bool scalar is no bool subclass; checked by name, as the processor may run without NumPy.
+    kind = type(value)
+    return isinstance(value, bool) or (kind.__module__ == "numpy" and kind.__name__ in {"bool", "bool_"})
+
+
 def _coerce(kind: StateType, value: Any) -> Any:
     """``value`` as a state of ``kind`` holds it, checked when the operator sets it (written later).
     NumPy's scalars pass as the Python numbers they stand for."""
     if value is None:
         return None
     if kind is bool:
-        if isinstance(value, bool | np.bool_):
+        if _is_bool(value):
             return bool(value)
-    elif isinstance(value, bool | np.bool_):
+    elif _is_bool(value):
         pass
     elif kind is int and isinstance(value, numbers.Integral):
         return int(value)
