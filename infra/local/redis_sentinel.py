@@ -312,25 +312,43 @@ class RedisHA:
             sentinel.start(log)
 
     def wait_ready(self, timeout_s: float = 30) -> None:
-        """Every node answers (replicas in sync) and every Sentinel knows the primary, a replica per
-        replica node and the other Sentinels: a failover could start now."""
+        """Every node answers (replicas in sync), every Sentinel names the same primary and knows a
+        replica per replica node and the other Sentinels (a failover could start now), and that
+        primary streams to every replica (a WAIT for all of them would succeed now)."""
         for server in self.servers():
             server.wait_ready(timeout_s)
         sentinels = self.sentinel_processes()
 
         def watching() -> bool:
+            named = set()
             for s in sentinels:
                 state = s.master_state()
-                if not state or s.primary_address() is None:
+                address = s.primary_address()
+                if not state or address is None:
                     return False
+                named.add(address)
                 replicas = int(str(state.get("num-slaves", 0)))
                 others = int(str(state.get("num-other-sentinels", 0)))
                 if replicas < len(self.nodes) - 1 or others < len(sentinels) - 1:
                     return False
-            return True
+            # A Sentinel that has not yet heard of a failover still names the old primary, and a
+            # client asking it would write to a node no replica follows.
+            return len(named) == 1 and self._streaming(named.pop())
 
-        procs.wait_for(watching, timeout_s, "the Sentinels to know the primary, replicas and each other",
+        procs.wait_for(watching, timeout_s, "the Sentinels to agree on the primary, its replicas online",
                        sentinels[0].server_log, interval_s=0.2)  # fmt: skip
+
+    def _streaming(self, address: tuple[str, int]) -> bool:
+        """The node at ``address`` is a primary with every other node attached, online and acknowledging
+        (a replica acknowledges every second; Sentinels' hello messages keep the offsets moving)."""
+        primary = next((s for s in self.servers() if (s.host, s.port) == address), None)
+        if primary is None:
+            return False
+        info = primary.replication_info()
+        if info.get("role") != "master" or int(str(info.get("connected_slaves", 0))) < len(self.nodes) - 1:
+            return False
+        replicas = [v for k, v in info.items() if k.startswith("slave") and isinstance(v, dict)]
+        return all(r.get("state") == "online" and int(str(r.get("lag", 99))) <= 1 for r in replicas)
 
     def up(self, timeout_s: float = 30, log: Log = _stderr_log) -> None:
         self.start(log)

@@ -216,28 +216,24 @@ class RedisServer:
 
     def is_healthy(self, timeout_s: float = 1.0) -> bool:
         """It answers, and a replica has finished its first sync with its primary."""
+        info = self.replication_info(timeout_s)
+        return info.get("role") == "master" or info.get("master_link_status") == "up"
+
+    def replication_info(self, timeout_s: float = 1.0) -> dict[str, object]:
+        """INFO replication ({} when it does not answer)."""
         import redis
 
         client = redis.Redis.from_url(self.url(), socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
         try:
-            info = client.info("replication")
-            return info.get("role") == "master" or info.get("master_link_status") == "up"
+            return dict(client.info("replication"))
         except redis.RedisError:
-            return False
+            return {}
         finally:
             client.close()
 
     def role(self, timeout_s: float = 1.0) -> str:
         """``master``, ``slave``, or ``down`` when it does not answer."""
-        import redis
-
-        client = redis.Redis.from_url(self.url(), socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
-        try:
-            return str(client.info("replication").get("role", "down"))
-        except redis.RedisError:
-            return "down"
-        finally:
-            client.close()
+        return str(self.replication_info(timeout_s).get("role", "down"))
 
     def wait_ready(self, timeout_s: float = 15) -> None:
         pid = self.pid
