@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | cksum | cut -d' ' -f1)
 UV_VERSION := 0.13.9
 
-.PHONY: setup demo cluster test test-cluster test-hosts bench chaos lint typecheck unit integration e2e stop status lock clean images test-containers
+.PHONY: setup demo cluster test test-faults test-cluster test-hosts bench chaos lint typecheck unit integration e2e stop status lock clean images test-containers
 
 # A virtualenv with the pinned dependencies of requirements.lock (re-installed when it changes).
 $(STAMP): requirements.lock pyproject.toml
@@ -30,10 +30,15 @@ demo: setup
 cluster: setup
 	@$(BIN)/python -m infra cluster up
 
-# The container tests (podman, minutes) run in `make test-containers`, the cluster's in `make test-cluster`,
-# the hosts' in `make test-hosts`.
+# The container tests (podman, minutes) run in `make test-containers`, the services killed under load
+# in `make test-faults`, the cluster's in `make test-cluster`, the hosts' in `make test-hosts`.
 test: setup lint typecheck
-	@$(BIN)/pytest -q -ra -m "not containers" --ignore=tests/cluster --ignore=tests/hosts
+	@$(BIN)/pytest -q -ra -m "not containers and not faults" --ignore=tests/cluster --ignore=tests/hosts
+
+# Each service SIGKILLed (or its leader cut off) under load on the one-machine stack, and the short
+# chaos run: every result judged by an oracle.
+test-faults: setup
+	@$(BIN)/pytest -q -ra -m faults tests/e2e
 
 # Faults in the cluster topology (SIGKILL of a broker, a Spark worker, a processor, an ingest and a
 # sink replica under load), judged by the chaos oracle; its own target: it starts ~15 processes.

@@ -138,6 +138,7 @@ def test_every_monitoring_port_refuses_callers_it_has_not_authenticated(stack: S
     assert _post(f"{stack.control_url}/alerts/webhook", {"alerts": []}, "not-a-token-at-all") == 401
 
 
+@pytest.mark.faults
 def test_killing_the_sink_under_load_fires_service_down_on_the_dashboard_and_restarting_resolves_it(
     stack: StackConfig, unique: str
 ) -> None:

@@ -16,7 +16,7 @@ from tests.bench.stack import config_at, services_up
 from tests.chaos.__main__ import RUN, SHIFT, SHORT, fresh_run_dir, print_report
 from tests.chaos.harness import run
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.faults]
 
 
 def test_each_service_killed_under_load_and_every_window_equals_the_oracle() -> None:

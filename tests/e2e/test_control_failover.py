@@ -39,7 +39,7 @@ from shared.kafka import ensure_topics
 from tests.e2e.stack_util import PAGE_VIEWS_SPEC
 from tests.kafka_util import produce_all
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.faults]
 
 TOKEN = "e2e-control-token"
 HEADERS = {"Authorization": f"Bearer {TOKEN}"}

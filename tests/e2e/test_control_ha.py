@@ -39,7 +39,7 @@ from tests.e2e.stack_util import PAGE_VIEWS_SPEC
 from tests.e2e.test_control_failover import forget_control_state, kill9, results, status
 from tests.kafka_util import produce_all
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.faults]
 
 TOKEN = "e2e-control-ha-token"
 HEADERS = {"Authorization": f"Bearer {TOKEN}"}

@@ -33,7 +33,7 @@ from shared.packs import events_of
 from shared.settings import kafka_env
 from tests.kafka_util import read_all, read_valid
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.faults]
 
 BASE_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 SPEC = """

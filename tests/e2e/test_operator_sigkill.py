@@ -32,7 +32,7 @@ from shared.records import WindowResult
 from tests.kafka_util import produce_keyed, read_all
 from tests.operators_util import install_operators, shipped_operators
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.faults]
 BASE = 1_767_225_600_000
 SPEC = """
 id: {id}

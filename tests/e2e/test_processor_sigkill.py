@@ -29,7 +29,7 @@ from shared.kafka import ensure_topics
 from shared.records import WindowResult
 from tests.kafka_util import produce_keyed, read_all
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.faults]
 BASE = 1_767_225_600_000
 SPEC = """
 id: {id}

@@ -24,7 +24,7 @@ from shared.kafka_acl import grant, sink_bindings
 from shared.records import WindowResult
 from tests.integration.test_sink import oracle, produce_updates, redis_state, window_updates
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.faults]
 
 KEYS = [f"page{i}" for i in range(8)]
 
