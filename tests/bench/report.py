@@ -199,10 +199,15 @@ def markdown(parts: dict[str, Part], commit: str) -> str:
     return "\n".join(out)
 
 
+def _not_run(head: list[str], part: Part | None) -> list[str]:
+    """A section's head, then why it has no table: its part did not run, or failed."""
+    return [*head, "not run" if part is None else f"failed: {part['error']}", ""]
+
+
 def _freshness_md(part: Part | None) -> list[str]:
     out = ["### Freshness (marker event sent → its window's hash written in Redis)", ""]
     if part is None or "error" in part:
-        return [*out, "not run" if part is None else f"failed: {part['error']}", ""]
+        return _not_run(out, part)
     out += [
         "| mode | events/s | p50 | p95 | p99 | max | ingest p50 / p99 | processor p50 / p99 | "
         "of it, commit p50 / p99 | sink p50 / p99 | of it, redis p50 / p99 | processor up (cores) | "
@@ -292,7 +297,7 @@ def _variant(part: Part, name: str) -> Part:
 def _recovery_md(part: Part | None) -> list[str]:
     out = ["### Recovery after SIGKILL of the processor (driver and JVM), restarted at once", ""]
     if part is None or "error" in part:
-        return [*out, "not run" if part is None else f"failed: {part['error']}", ""]
+        return _not_run(out, part)
     out += [
         f"Load: {part.get('rate', 0):,} events/s + {part.get('marker_rate', 0)} markers/s.",
         "",
@@ -369,7 +374,7 @@ def _recovery_breakdown_md(part: Part) -> list[str]:
 def _memory_md(part: Part | None) -> list[str]:
     out = [f"### Resident memory with {(part or {}).get('windows', 100_000):,} active windows (MiB)", ""]
     if part is None or "error" in part:
-        return [*out, "not run" if part is None else f"failed: {part['error']}", ""]
+        return _not_run(out, part)
     rss = part.get("rss_mb", {})
     names = [n for n in ("ingest", "processor", "sink", "control", "kafka", "redis") if n in rss]
     state = part.get("state_rows")
@@ -392,7 +397,7 @@ def _memory_md(part: Part | None) -> list[str]:
 def _silence_md(part: Part | None) -> list[str]:
     out = ["### A silent stream's last windows (window end → its final result in Redis)", ""]
     if part is None or "error" in part:
-        return [*out, "not run" if part is None else f"failed: {part['error']}", ""]
+        return _not_run(out, part)
     checked = "exact" if part.get("exact") else "**NOT exact**"
     return [
         *out,
@@ -409,7 +414,7 @@ def _silence_md(part: Part | None) -> list[str]:
 def _operators_md(part: Part | None) -> list[str]:
     out = ["### A custom operator against the declarative job with the same results", ""]
     if part is None or "error" in part:
-        return [*out, "not run" if part is None else f"failed: {part['error']}", ""]
+        return _not_run(out, part)
     rows = [
         "| job | events/s (backlog) | after its first batch | batches | checked |",
         "|---|---:|---:|---:|---|",
@@ -439,7 +444,7 @@ def _operators_md(part: Part | None) -> list[str]:
 def _hdfs_md(part: Part | None) -> list[str]:
     out = ["### Checkpoints on HDFS against local disk (a windowed count's micro-batches, medians)", ""]
     if part is None or "error" in part:
-        return [*out, "not run" if part is None else f"failed: {part['error']}", ""]
+        return _not_run(out, part)
     rows = [
         "| checkpoint | rows/s | batch | offset log | commit log | state commit |",
         "|---|---:|---:|---:|---:|---:|",
@@ -462,7 +467,7 @@ def _hdfs_md(part: Part | None) -> list[str]:
 def _hosts_md(part: Part | None) -> list[str]:
     out = ["### A host lost, a standby on another (tests/hosts topology, under load)", ""]
     if part is None or "error" in part:
-        return [*out, "not run" if part is None else f"failed: {part['error']}", ""]
+        return _not_run(out, part)
     fresh = ", ".join(f"{job} {s} s" for job, s in (part.get("fresh_again_s") or {}).items())
     checked = "exact" if part.get("exact") else "**NOT exact**"
     return [
@@ -477,7 +482,7 @@ def _hosts_md(part: Part | None) -> list[str]:
 def _auth_md(part: Part | None) -> list[str]:
     out = ["### Kafka authentication (SASL/SCRAM and ACLs) on and off", ""]
     if part is None or "error" in part:
-        return [*out, "not run" if part is None else f"failed: {part['error']}", ""]
+        return _not_run(out, part)
     rows = [
         "| Kafka | burst events/s (best; each) | freshness p50 / p99 (micro-batch, per rate) | checked |",
         "|---|---:|---|---|",

@@ -143,7 +143,7 @@ class OperatorProcessor(StatefulProcessor):
     def _records(self, key: str, results: Iterable[Result], event_time_ms: int) -> Iterator[Row]:
         for result in results:
             values = _checked(dict(result.values))
-            n = (self._count() or 0) + 1
+            n = (self.results.get() or 0) + 1
             body = {
                 "job_id": self.job.job_id,
                 "key": key,
@@ -163,10 +163,6 @@ class OperatorProcessor(StatefulProcessor):
                 offset=None,
                 idx=None,
             )
-
-    def _count(self) -> int | None:
-        count: int | None = self.results.get()
-        return count
 
     def _dead_letter(
         self, error: Exception, record_key: str, event: dict[str, Any], row: dict[str, Any] | None
