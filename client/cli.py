@@ -296,6 +296,22 @@ def operators() -> None:
     console.print(table)
 
 
+@app.command()
+def producers(
+    revoke: Annotated[str | None, typer.Option(help="revoke this minted producer first")] = None,
+) -> None:
+    """Kafka users minted for one stream each (POST /producers/{topic}) and what they may write."""
+    with _control() as client:
+        if revoke is not None:
+            client.revoke_producer(revoke)
+            console.print(f"revoked {escape(revoke)}")
+        rows = client.producers()
+    table = Table("producer", "may write")
+    for r in rows:
+        table.add_row(escape(r["username"]), escape(", ".join(r["topics"])))
+    console.print(table)
+
+
 # --- topics -------------------------------------------------------------------------------------------
 @app.command()
 def tail(

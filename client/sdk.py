@@ -408,6 +408,10 @@ class Client:
         password is in the answer only. ``producer_config`` turns it into a client config."""
         return dict(self._call("POST", f"/producers/{topic}"))
 
+    def producers(self) -> list[JobInfo]:
+        """The producers minted and not yet revoked, each with the topics it may write."""
+        return list(self._call("GET", "/producers"))
+
     def revoke_producer(self, username: str) -> None:
         self._call("DELETE", f"/producers/{username}")
 

@@ -9,6 +9,7 @@ administration) come from ``standing_bindings`` when the broker is set up.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import re
 import secrets
@@ -188,6 +189,28 @@ def provision_job(kafka: KafkaAccess, spec: JobSpec, partitions: int) -> None:
         log.info("job %s: granted its topics to %s", spec.id, ", ".join((INGEST, PROCESSOR, SINK, PRODUCER)))
 
 
+def revoke_unused(
+    kafka: KafkaAccess, ended: Iterable[JobSpec], active: Iterable[JobSpec], timeout_s: float = 30.0
+) -> int:
+    """Delete the services' grants of ``ended`` jobs that neither an ``active`` job nor the platform
+    still needs, so a service keeps no access to a topic no job uses; returns how many the broker
+    deleted. Producers keep writing the raw topics: events wait there between a savepoint and the
+    job's resumption."""
+    keep = set(standing_bindings()).union(*(job_bindings(spec) for spec in active))
+    services = {f"User:{user}" for user in SERVICE_USERS}
+    drop = {b for spec in ended for b in job_bindings(spec) if b.principal in services} - keep
+    if not drop:
+        return 0
+    filters = [
+        AclBindingFilter(
+            b.restype, b.name, b.resource_pattern_type, b.principal, b.host, b.operation, b.permission_type
+        )
+        for b in sorted(drop, key=str)
+    ]
+    client = admin(kafka)
+    return sum(len(fut.result()) for fut in client.delete_acls(filters, request_timeout=timeout_s).values())
+
+
 SCRAM_ITERATIONS = 4096
 # A minted user's name: the prefix, then random hex; nothing else is ever revoked through the API.
 _MINTED = re.compile(rf"^{re.escape(PRODUCER_PREFIX)}[0-9a-f]{{12}}$")
@@ -207,6 +230,24 @@ def mint_producer(kafka: KafkaAccess, raw_topic: str, timeout_s: float = 30.0) -
         fut.result()
     grant(kafka, producer_bindings(user, raw_topic), timeout_s)
     return user, password
+
+
+def minted_producers(kafka: KafkaAccess, timeout_s: float = 30.0) -> dict[str, list[str]]:
+    """Every user minted by ``mint_producer`` that still has a credential, with the topics its
+    grants let it write (none once its grant was deleted by other means)."""
+    client = admin(kafka)
+    users = client.describe_user_scram_credentials(request_timeout=timeout_s)
+    assert isinstance(users, concurrent.futures.Future)  # one future when no users are named
+    writes: dict[str, list[str]] = {u: [] for u in sorted(users.result()) if is_minted(u)}
+    anything: Any = None
+    grants = AclBindingFilter(
+        _Res.TOPIC, anything, ResourcePatternType.ANY, anything, anything, _Op.WRITE, AclPermissionType.ALLOW
+    )
+    for binding in client.describe_acls(grants, request_timeout=timeout_s).result():
+        user = binding.principal.removeprefix("User:")
+        if user in writes:
+            writes[user].append(binding.name)
+    return {user: sorted(topics) for user, topics in writes.items()}
 
 
 def revoke_producer(kafka: KafkaAccess, user: str, timeout_s: float = 30.0) -> None:

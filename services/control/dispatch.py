@@ -1,5 +1,6 @@
 """Commands to instances, on a small thread pool: StartJob and StopJob on processors (and stops of
-stray copies), ApplyStreams to ingest and the sink, grpc.health.v1 probes.
+stray copies), ApplyStreams to ingest and the sink, grpc.health.v1 probes, and the revocation of
+Kafka grants that only ended jobs used.
 
 At most one command of a kind per job (or instance) runs at a time, never while holding a lock, in
 the caller's context (an API request's trace goes along), and only while this replica leads: each
@@ -21,6 +22,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 import grpc
+from confluent_kafka import KafkaException
 
 from services.control.context import ControlContext
 from services.control.errors import ControlError, NoSlots
@@ -29,7 +31,10 @@ from services.control.peers import TRANSIENT_CODES, code_of, describe
 from services.control.placement import Placement
 from services.control.store import InstanceRecord, JobRecord
 from services.control.transitions import STARTABLE, Transitions
+from shared.errors import SpecError
+from shared.jobspec import JobSpec, spec_from_json
 from shared.jobstate import ACTIVE_STATES, JobState
+from shared.kafka_acl import revoke_unused
 from shared.proto import streamforge_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -49,6 +54,14 @@ def specs_digest(spec_jsons: Iterable[str]) -> str:
         h.update(s.encode())
         h.update(b"\0")
     return h.hexdigest()[:16]
+
+
+def _parsed(job: JobRecord) -> JobSpec | None:
+    """The job's spec, None if it no longer validates (an old job's, from an older spec format)."""
+    try:
+        return spec_from_json(job.spec_json)
+    except SpecError:
+        return None
 
 
 def wait(fut: Future[Any], wait_s: float) -> None:
@@ -88,6 +101,11 @@ class Dispatcher:
     def push_streams(self, instance_id: str) -> Future[Any]:
         """Send an ingest or sink instance the specs of the active jobs."""
         return self._schedule("streams", instance_id, self._apply_streams, instance_id)
+
+    def revoke_ended_grants(self, digest: str) -> Future[Any]:
+        """Delete the Kafka grants that only jobs which ended used, if the active jobs' specs still
+        digest to ``digest``; the future's result is that digest once done, else ""."""
+        return self._schedule("grants", "ended", self._revoke_ended_grants, digest)
 
     def probe(self, instance_id: str) -> Future[Any]:
         """Ask the instance's grpc.health.v1 and note its answer."""
@@ -338,6 +356,24 @@ class Dispatcher:
                 update={"streams_digest": digest, "streams_error": error, "streams_attempt_ms": now}
             ),
         )
+
+    def _revoke_ended_grants(self, digest: str) -> str:
+        # Under the lock a submission grants its job's topics in: what is revoked here is never a
+        # grant a job being submitted has just been given.
+        with self.placement.lock:
+            jobs = self.ctx.jobs.list()
+            if specs_digest(active_specs(jobs)) != digest:
+                return ""  # a job started or ended meanwhile: the next sweep sees it
+            ended = [spec for j in jobs if j.state.is_final and (spec := _parsed(j)) is not None]
+            active = [spec_from_json(j.spec_json) for j in jobs if j.state in ACTIVE_STATES]
+            try:
+                deleted = revoke_unused(self.ctx.settings.kafka, ended, active)
+            except KafkaException as e:
+                log.warning("revoking the grants of ended jobs: %s (retrying)", e)
+                return ""
+        if deleted:
+            log.info("revoked %d Kafka grants that only ended jobs used", deleted)
+        return digest
 
     def _recheck(self, instance_id: str, on_refused: Callable[[str, str], None]) -> None:
         inst = self.ctx.instances.get(instance_id)

@@ -70,6 +70,7 @@ class JobManager:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_probe_ms = 0
+        self._grants_for = ""  # the active jobs' specs digest once ended jobs' grants were revoked
         ctx = ControlContext(settings, jobs, instances, peers, clock, self.wake, leader)
         self.transitions = Transitions(ctx)
         self.placement = Placement(ctx)
@@ -232,11 +233,23 @@ class JobManager:
             due = now - inst.streams_attempt_ms >= self.settings.tuning.retry_backoff_ms
             if inst.streams_digest != digest and due:
                 scheduled.append(self.dispatch.push_streams(inst.instance_id))
+        if self.settings.kafka.sasl and self._grants_for != digest:
+            # Once every ingest and sink serves only the active jobs' streams, nothing reads or writes
+            # an ended job's topics any more: the grants only it used go.
+            serving = [i for i in live.values() if i.service in ("ingest", "sink")]
+            if all(i.streams_digest == digest for i in serving):
+                revoking = self.dispatch.revoke_ended_grants(digest)
+                revoking.add_done_callback(self._grants_revoked)
+                scheduled.append(revoking)
         if now - self._last_probe_ms >= self.settings.tuning.health_probe_interval_ms:
             self._last_probe_ms = now
             for inst in live.values():
                 scheduled.append(self.dispatch.probe(inst.instance_id))
         return scheduled
+
+    def _grants_revoked(self, revoking: Future[Any]) -> None:
+        if not revoking.cancelled() and revoking.result():
+            self._grants_for = revoking.result()
 
     def _lose(self, job: JobRecord) -> JobRecord | None:
         """The processor holding the job is gone (unless it registered again since the sweep listed)."""

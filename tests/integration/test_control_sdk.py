@@ -142,6 +142,8 @@ def test_cli_commands(
     assert "0 window(s)" in run("results", unique, "--key", "/home")
     refused = runner.invoke(cli, ["cancel", unique])
     assert refused.exit_code == 1 and "already FINISHED" in refused.output
+    unlisted = runner.invoke(cli, ["producers"])  # this control's broker needs no credentials
+    assert unlisted.exit_code == 1 and "without authentication" in unlisted.output
     anonymous = runner.invoke(cli, ["--token", "wrong-token-1", "list"])
     assert anonymous.exit_code == 1 and "401" in anonymous.output
 

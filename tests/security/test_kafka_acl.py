@@ -11,10 +11,13 @@ import time
 import uuid
 from collections.abc import Iterator
 
+import orjson
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from fastapi.testclient import TestClient
 
 from infra.local.stack import StackConfig
+from services.control.api import create_app
 from shared.jobspec import JobSpec, parse_job_spec
 from shared.kafka import KafkaAccess, admin, client_config
 from shared.kafka_acl import (
@@ -22,16 +25,24 @@ from shared.kafka_acl import (
     INGEST,
     INGEST_GROUP,
     PROCESSOR,
+    PRODUCER,
     SINK,
     SINK_GROUP,
     mint_producer,
+    minted_producers,
     provision_job,
     revoke_producer,
 )
+from shared.settings import kafka_fields
+from tests.integration import test_control_fakes as fakes
+from tests.integration.test_control_api import spec
+from tests.integration.test_control_fakes import auth, control_settings
 from tests.integration.test_processor_jobs import spec_json
 from tests.kafka_util import read_all
 
 pytestmark = pytest.mark.integration
+
+control_redis_url = fakes.control_redis_url
 
 ROW = (
     b'{"job_id":"forged","key":"/home","window_start":0,"aggregates":{"views":424242},'
@@ -148,9 +159,50 @@ def test_a_minted_producer_writes_its_raw_topic_only_until_revoked(
     assert first is None
     other = write(job.source.valid_topic)
     assert other is not None and other.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    assert minted_producers(control)[user] == [job.source.topic]
+    assert not any(name in minted_producers(control) for name in (INGEST, PROCESSOR, SINK, CONTROL))
 
     revoke_producer(control, user)
     deadline = time.monotonic() + 20
     while (after := write(job.source.topic)) is None and time.monotonic() < deadline:
         time.sleep(0.5)
     assert after is not None
+    assert user not in minted_producers(control)
+
+
+def test_control_lists_its_producers_and_revokes_the_grants_only_an_ended_job_used(
+    stack_cfg: StackConfig, kafka_bootstrap: KafkaAccess, control_redis_url: str, unique: str
+) -> None:
+    """Two jobs share an output topic; the first is cancelled. Its own topics lose every grant (ingest
+    can no longer write its valid topic), the shared topic keeps the grants the second job needs."""
+    ingest, sink = stack_cfg.kafka_access(INGEST), stack_cfg.kafka_access(SINK)
+    output = f"{unique}-out"
+    first, second = (spec(f"{unique}-{n}", output_topic=output) for n in ("a", "b"))
+    ended = parse_job_spec(orjson.dumps(first))
+    settings = control_settings(control_redis_url, **kafka_fields(stack_cfg.kafka_access(CONTROL)))
+    with TestClient(create_app(settings)) as api:
+        for body in (first, second):
+            created = api.post("/jobs", json=body, headers=auth())
+            assert created.status_code == 201, created.text
+        assert _write(ingest, ended.source.valid_topic, b'{"page":"/x","ts":1}') is None
+        minted = api.post(f"/producers/{ended.source.topic}", headers=auth())
+        assert minted.status_code == 201, minted.text
+        user = minted.json()["username"]
+        listed = api.get("/producers", headers=auth()).json()
+        assert {"username": user, "topics": [ended.source.topic]} in listed
+        assert "password" not in str(listed)
+
+        assert api.post(f"/jobs/{ended.id}/cancel", headers=auth()).json()["state"] == "CANCELED"
+        deadline = time.monotonic() + 30
+        while (after := _write(ingest, ended.source.valid_topic, timeout_s=5)) is None:
+            assert time.monotonic() < deadline, "the ended job's grants were not revoked"
+            time.sleep(0.5)
+        assert after.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+        # Producers go on writing the stream, for a job that resumes it later.
+        assert _write(stack_cfg.kafka_access(PRODUCER), ended.source.topic, b'{"page":"/x","ts":2}') is None
+        assert user in {p["username"] for p in api.get("/producers", headers=auth()).json()}
+        # The output topic the second job shares keeps its grants.
+        assert _write(stack_cfg.kafka_access(PROCESSOR), output) is None
+        assert _read_error(sink, output) is None
+        assert api.delete(f"/producers/{user}", headers=auth()).status_code == 204
+        assert user not in {p["username"] for p in api.get("/producers", headers=auth()).json()}

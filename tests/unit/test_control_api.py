@@ -94,3 +94,6 @@ def test_producer_credentials_need_the_write_scope_and_name_only_minted_users() 
         refused = client.delete("/producers/admin", headers=auth)  # a service's user is never revoked
         assert refused.status_code == 404 and "not a producer minted by control" in refused.json()["detail"]
         assert client.post("/producers/page-views", headers=auth).status_code == 503  # no job store
+        assert client.get("/producers").status_code == 401
+        unlisted = client.get("/producers", headers=auth)
+        assert unlisted.status_code == 409 and "without authentication" in unlisted.json()["detail"]

@@ -27,6 +27,11 @@ class ProducerCredentialOut(BaseModel):
     )
 
 
+class ProducerOut(BaseModel):
+    username: str = Field(description="a Kafka user (SCRAM) minted by control")
+    topics: list[str] = Field(description="the raw topics its grants let it write")
+
+
 class JobStatusOut(BaseModel):
     id: str
     state: JobState

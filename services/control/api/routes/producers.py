@@ -11,13 +11,13 @@ from fastapi.concurrency import run_in_threadpool
 
 from services.control.api.auth import AUTH_RESPONSES, require_write
 from services.control.api.deps import ManagerDep, SettingsDep
-from services.control.api.schemas import ErrorOut, ProducerCredentialOut
+from services.control.api.schemas import ErrorOut, ProducerCredentialOut, ProducerOut
 from services.control.errors import KafkaUnavailable
 from shared.jobspec import spec_from_json
 from shared.jobspec.base import TOPIC_NAME
 from shared.jobstate import ACTIVE_STATES
 from shared.kafka import SASL_MECHANISM
-from shared.kafka_acl import is_minted, mint_producer, revoke_producer
+from shared.kafka_acl import is_minted, mint_producer, minted_producers, revoke_producer
 
 router = APIRouter(
     prefix="/producers", tags=["producers"], dependencies=[Depends(require_write)], responses=AUTH_RESPONSES
@@ -61,6 +61,25 @@ async def mint(topic: Topic, manager: ManagerDep, settings: SettingsDep) -> Prod
         bootstrap_servers=settings.kafka.bootstrap,
         ssl_ca_pem=pathlib.Path(settings.kafka.ca_file).read_text() if settings.kafka.ca_file else "",
     )
+
+
+@router.get(
+    "",
+    response_model=list[ProducerOut],
+    responses={
+        409: {"model": ErrorOut, "description": "Kafka runs without authentication"},
+        503: {"model": ErrorOut, "description": "Kafka did not answer"},
+    },
+)
+async def list_producers(settings: SettingsDep) -> list[ProducerOut]:
+    """The producers minted here and not yet revoked, with the topics each may write; never passwords."""
+    if not settings.kafka.sasl:
+        raise HTTPException(409, "Kafka runs without authentication here: there are no producer users")
+    try:
+        minted = await run_in_threadpool(minted_producers, settings.kafka)
+    except KafkaException as e:
+        raise KafkaUnavailable(f"cannot list the minted producers: {e}") from e
+    return [ProducerOut(username=user, topics=topics) for user, topics in minted.items()]
 
 
 @router.delete(
