@@ -309,8 +309,10 @@ def _recovery_md(part: Part | None) -> list[str]:
         v = _variant(part, name)
         if not v:
             continue
+        samples = v.get("recovery_samples_s") or []
+        each = f" ({', '.join(f'{x} s' for x in samples)})" if len(samples) > 1 else ""
         out.append(
-            f"| {label} | {v.get('recovery_s', '-')} s | {v.get('max_freshness_s', '-')} s "
+            f"| {label} | {v.get('recovery_s', '-')} s{each} | {v.get('max_freshness_s', '-')} s "
             f"({v.get('max_freshness_after_recovery_s', '-')} s after) | "
             f"≤ {v.get('threshold_s', '-')} s (max of 1 s and the p99 before the kill) | "
             f"{v.get('lost_s', '-')} s / {v.get('running_again_s', '-')} s | "
@@ -319,9 +321,10 @@ def _recovery_md(part: Part | None) -> list[str]:
     out += [
         "",
         "Fresh again = from the kill until the first of 20 consecutive markers (one second) within the "
-        "threshold appeared in Redis; max freshness from 10 s before the kill on (after: of the markers "
-        "sent once fresh again, while the killed processor's restart comes up). Job lost / running "
-        "again: control's job history (FAILING, RUNNING).",
+        "threshold appeared in Redis (a restart in place: the median of three kills, each in brackets, "
+        "and the other columns from that kill); max freshness from 10 s before the kill on (after: of "
+        "the markers sent once fresh again, while the killed processor's restart comes up). Job lost / "
+        "running again: control's job history (FAILING, RUNNING).",
         "",
     ]
     return out + _recovery_breakdown_md(part)
