@@ -89,7 +89,7 @@ class BaseServiceSettings(BaseSettings):
         "latency",
         validation_alias=shared_name("profile"),
         description="`latency` (hand records on within milliseconds) or `throughput` (bigger batches, "
-        "fewer commits: bulk loads and backfills)",
+        "fewer commits, the processor's JVM compiling with C2 too: bulk loads and backfills)",
     )
     kafka_bootstrap: str = Field(
         "127.0.0.1:9092",

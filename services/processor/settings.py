@@ -32,8 +32,9 @@ class ProcessorTuning:
     state_cleanup_per_row: Annotated[int, Field(ge=0, le=1_000)] = 4
     # Jobs with percentiles aggregate by hash instead of sorting each batch past Spark's 128 groups.
     object_hash_agg_groups: Annotated[int, Field(ge=1)] = 65_536
-    # "tiered": C1 then C2 (fastest once warm); "quick": C1 alone (faster starts, more CPU per row).
-    jit: Literal["tiered", "quick"] = "tiered"
+    # "quick": C1 alone; "tiered": C1 then C2, less CPU per row once warm, but on few cores C2's
+    # compiler threads take the CPU a restarted job needs to catch up, for minutes after each start.
+    jit: Literal["tiered", "quick"] = "quick"
     # RocksDB state stores upload their snapshots in Spark's maintenance task; a restart loads the
     # newest uploaded one and replays every changelog since, one file per micro-batch (seconds).
     state_maintenance_interval_s: Annotated[int, Field(ge=1)] = 10
@@ -67,8 +68,9 @@ class ProcessorSettings(BaseServiceSettings):
     model_config = SettingsConfigDict(env_prefix="SF_PROCESSOR_", extra="ignore", populate_by_name=True)
     TUNING: ClassVar[dict[str, Any]] = {
         "latency": ProcessorTuning(),
-        # Spark's own flush of the real-time shuffle: fuller buffers, fewer messages.
-        "throughput": replace(ProcessorTuning(), realtime_shuffle_flush_ms=50),
+        # Spark's own flush of the real-time shuffle: fuller buffers, fewer messages; C2 for the
+        # long CPU-bound runs of bulk loads and backfills.
+        "throughput": replace(ProcessorTuning(), realtime_shuffle_flush_ms=50, jit="tiered"),
     }
 
     job_specs: list[str] = Field(

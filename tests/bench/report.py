@@ -93,7 +93,7 @@ def figures(parts: dict[str, Part]) -> dict[str, Any]:
         "faust_count_events_per_s": faust.get("events_per_s"),
         "recovery_s": _variant(recovery, "restart").get("recovery_s"),
         "recovery_max_freshness_s": _variant(recovery, "restart").get("max_freshness_s"),
-        "recovery_quick_jit_s": _variant(recovery, "restart_quick_jit").get("recovery_s"),
+        "recovery_tiered_jit_s": _variant(recovery, "restart_tiered_jit").get("recovery_s"),
         "recovery_standby_s": _variant(recovery, "standby").get("recovery_s"),
         "recovery_standby_max_freshness_s": _variant(recovery, "standby").get("max_freshness_s"),
         "recovery_standby_again_s": _variant(recovery, "standby_again").get("recovery_s"),
@@ -279,7 +279,7 @@ def _boundaries_md(part: Part) -> list[str]:
 
 VARIANT_LABELS = {
     "restart": "restarted in place (the stack's one processor)",
-    "restart_quick_jit": "restarted in place, quick JIT (tuning `jit=quick`: C1 alone)",
+    "restart_tiered_jit": "restarted in place, tiered JIT (tuning `jit=tiered`: C1 then C2)",
     "standby": "a second processor takes over (control: connection closed)",
     "standby_again": "the second kill: then the processor that took over, once the first one's restart is up",
 }
@@ -331,7 +331,7 @@ def _recovery_md(part: Part | None) -> list[str]:
 
 
 # The recovery bench's breakdown (bench_recovery.breakdown): its steps, in order, with their headings.
-IN_PLACE_VARIANTS = ("restart", "restart_quick_jit")
+IN_PLACE_VARIANTS = ("restart", "restart_tiered_jit")
 BREAKDOWN_STEPS = {
     "imports": "Python up",
     "jvm": "JVM up",

@@ -36,6 +36,9 @@ if sys.argv[2] == "kill":
 sys.stdin.read()
 """
 
+# The tiered JIT adds no JVM option: what else the processor adds shows alone.
+NO_JIT_OPTION = {"jit": "tiered"}
+
 
 def claimant(root: Path, mode: str) -> tuple[subprocess.Popen[str], Path]:
     child = subprocess.Popen(
@@ -128,27 +131,34 @@ def test_a_root_someone_else_could_have_made_is_not_used(
 
 def test_the_driver_jvm_keeps_its_temporary_files_in_the_scratch_directory(tmp_path: Path) -> None:
     spaced = tmp_path / "a b"
-    conf = session_conf(ProcessorSettings(spark_conf={DRIVER_JAVA_OPTIONS: "-Xss4m"}), spaced)
+    given = {DRIVER_JAVA_OPTIONS: "-Xss4m"}
+    conf = session_conf(ProcessorSettings(spark_conf=given, tuning_overrides=NO_JIT_OPTION), spaced)
     # java.io.tmpdir is also Spark's local directory when spark.local.dir is not set. Quoted for
     # Spark's splitting of the options.
     assert conf[DRIVER_JAVA_OPTIONS] == f"-Xss4m '-Djava.io.tmpdir={spaced}'"
-    assert DRIVER_JAVA_OPTIONS not in session_conf(ProcessorSettings())  # no scratch: nothing added
+    no_scratch = session_conf(ProcessorSettings(tuning_overrides=NO_JIT_OPTION))
+    assert DRIVER_JAVA_OPTIONS not in no_scratch  # nothing added
     given = {DRIVER_JAVA_OPTIONS: "-Djava.io.tmpdir=/big/disk"}  # spark_conf's own wins
     assert (
-        session_conf(ProcessorSettings(spark_conf=given), spaced)[DRIVER_JAVA_OPTIONS]
+        session_conf(ProcessorSettings(spark_conf=given, tuning_overrides=NO_JIT_OPTION), spaced)[
+            DRIVER_JAVA_OPTIONS
+        ]
         == given[DRIVER_JAVA_OPTIONS]
     )
 
 
 def test_a_standalone_clusters_executors_keep_their_temporary_files_in_their_work_directory() -> None:
-    cluster = ProcessorSettings(spark_master="spark://127.0.0.1:7077")
+    cluster = ProcessorSettings(spark_master="spark://127.0.0.1:7077", tuning_overrides=NO_JIT_OPTION)
     assert session_conf(cluster)[EXECUTOR_JAVA_OPTIONS] == "-Djava.io.tmpdir=."
-    quick = ProcessorSettings(spark_master="spark://127.0.0.1:7077", tuning_overrides={"jit": "quick"})
+    quick = ProcessorSettings(spark_master="spark://127.0.0.1:7077")
     assert session_conf(quick)[EXECUTOR_JAVA_OPTIONS].endswith(" -Djava.io.tmpdir=.")
     # In local mode the executors are the driver's JVM; spark_conf's own choice wins.
-    assert EXECUTOR_JAVA_OPTIONS not in session_conf(ProcessorSettings())
+    local = session_conf(ProcessorSettings(tuning_overrides=NO_JIT_OPTION))
+    assert EXECUTOR_JAVA_OPTIONS not in local
     given = {EXECUTOR_JAVA_OPTIONS: "-Djava.io.tmpdir=/big/disk"}
-    own = ProcessorSettings(spark_master="spark://127.0.0.1:7077", spark_conf=given)
+    own = ProcessorSettings(
+        spark_master="spark://127.0.0.1:7077", spark_conf=given, tuning_overrides=NO_JIT_OPTION
+    )
     assert session_conf(own)[EXECUTOR_JAVA_OPTIONS] == given[EXECUTOR_JAVA_OPTIONS]
 
 

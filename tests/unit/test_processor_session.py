@@ -89,27 +89,29 @@ def test_a_driver_heap_under_spark_s_minimum_is_refused_before_spark_starts(
         ProcessorSettings()
 
 
-def test_a_quick_jit_stops_spark_s_jvms_at_c1_after_the_options_already_given(tmp_path: Path) -> None:
+def test_the_default_quick_jit_stops_spark_s_jvms_at_c1_after_the_options_already_given(
+    tmp_path: Path,
+) -> None:
     archive = tmp_path / "spark.jsa"
     archive.write_bytes(b"archive")
     given = {DRIVER_JAVA_OPTIONS: "-Xss4m", EXECUTOR_JAVA_OPTIONS: "-Xss8m"}
-    tiered = session_conf(ProcessorSettings(class_archive=str(archive), spark_conf=given))
-    assert tiered[DRIVER_JAVA_OPTIONS] == f"-Xss4m -XX:SharedArchiveFile={archive} -Xshare:auto"
-    assert tiered[EXECUTOR_JAVA_OPTIONS] == "-Xss8m"
-
-    quick = session_conf(
-        ProcessorSettings(class_archive=str(archive), spark_conf=given, tuning_overrides={"jit": "quick"})
-    )
+    quick = session_conf(ProcessorSettings(class_archive=str(archive), spark_conf=given))
     assert quick[DRIVER_JAVA_OPTIONS] == (
         f"-Xss4m -XX:SharedArchiveFile={archive} -Xshare:auto -XX:TieredStopAtLevel=1"
     )
     assert quick[EXECUTOR_JAVA_OPTIONS] == "-Xss8m -XX:TieredStopAtLevel=1"
-    # Nothing given: the JIT's option alone; the tiered default adds no key at all.
-    assert (
-        session_conf(ProcessorSettings(tuning_overrides={"jit": "quick"}))[EXECUTOR_JAVA_OPTIONS]
-        == "-XX:TieredStopAtLevel=1"
+    # Nothing given: the JIT's option alone.
+    assert session_conf(ProcessorSettings())[EXECUTOR_JAVA_OPTIONS] == "-XX:TieredStopAtLevel=1"
+
+    tiered_settings = ProcessorSettings(
+        class_archive=str(archive), spark_conf=given, tuning_overrides={"jit": "tiered"}
     )
-    assert DRIVER_JAVA_OPTIONS not in session_conf(ProcessorSettings())
+    tiered = session_conf(tiered_settings)
+    assert tiered[DRIVER_JAVA_OPTIONS] == f"-Xss4m -XX:SharedArchiveFile={archive} -Xshare:auto"
+    assert tiered[EXECUTOR_JAVA_OPTIONS] == "-Xss8m"
+    # The tiered JIT adds no key at all; the throughput profile compiles with it.
+    assert DRIVER_JAVA_OPTIONS not in session_conf(ProcessorSettings(tuning_overrides={"jit": "tiered"}))
+    assert EXECUTOR_JAVA_OPTIONS not in session_conf(ProcessorSettings(profile="throughput"))
     with pytest.raises(ValueError, match="'tiered' or 'quick'"):
         ProcessorSettings(tuning_overrides={"jit": "c2"})
 
