@@ -9,8 +9,8 @@ Variants:
 
 - ``restart``: the stack's one processor; the restarted process resumes the job from its checkpoint
   by itself (its JVM and SparkSession start first);
-- ``restart_quick_jit``: as ``restart``, with the stack's processor started (before the job, and
-  again after the kill) with tuning ``jit=quick``: its JVM compiles with C1 alone; the processor is
+- ``restart_tiered_jit``: as ``restart``, with the stack's processor started (before the job, and
+  again after the kill) with tuning ``jit=tiered``: its JVM compiles with C1, then C2; the processor is
   started again as it was afterwards;
 - ``standby``: a second processor runs beside it (infra.local.stack.start_standby_processor, started
   after the job was placed, warmed up by services/processor/warmup/ before registering); control
@@ -51,6 +51,7 @@ from infra.local.stack import (
     wait_process_ready,
     wait_service_ready,
 )
+from services.processor.settings import ProcessorTuning
 from services.processor.spark.session import JIT_OPTIONS
 from shared.jobspec import JobSpec
 from shared.kafka import ensure_topics
@@ -61,15 +62,15 @@ from tests.bench.stack import Control, job, restart_service, services_up
 RATE = 1_000
 MARKERS_PER_S = 20
 WARMUP_S, BEFORE_S, STABLE_S, AFTER_MAX_S = 45, 20, 15, 150
-# restart_quick_jit before standby: with the standby up, control could place its job there.
-VARIANTS = ("restart", "restart_quick_jit", "standby", "standby_again")
+# restart_tiered_jit before standby: with the standby up, control could place its job there.
+VARIANTS = ("restart", "restart_tiered_jit", "standby", "standby_again")
 STANDBY_VARIANTS = ("standby", "standby_again")
 # standby_again: once the first kill's restart is up, the processor that took the job over is killed.
 # An in-place restart is killed three times: the machine's load at the kill moves one sample by seconds.
-KILLS = {"standby_again": 2, "restart": 3, "restart_quick_jit": 3}
-REPEATED = ("restart", "restart_quick_jit")
+KILLS = {"standby_again": 2, "restart": 3, "restart_tiered_jit": 3}
+REPEATED = ("restart", "restart_tiered_jit")
 # The stack processor's environment on top of the stack's, per variant.
-PROCESSOR_ENV = {"restart_quick_jit": {"SF_PROCESSOR_TUNING": json.dumps({"jit": "quick"})}}
+PROCESSOR_ENV = {"restart_tiered_jit": {"SF_PROCESSOR_TUNING": json.dumps({"jit": "tiered"})}}
 # Seconds before the killed process is started again (a supervisor's back-off); 0: at once, the
 # default. On 2 cores a JVM start competes with the takeover; a delay shows what that costs.
 RESTART_DELAY_S = float(os.environ.get("SF_BENCH_RECOVERY_RESTART_DELAY_S", "0"))
@@ -159,6 +160,9 @@ class Kill:
     ready: dict[str, float] = field(default_factory=dict)  # "at": when the restarted process answered
     spawned: float | None = None  # time.time() just before the restarted process was started
     load_at_kill: float = 0.0  # the machine's 1-minute load average at the kill (2 cores)
+    # Read from the restarted process once it settled, before any later kill replaces it.
+    phases: dict[str, float] = field(default_factory=dict)  # its start phases (start_phases)
+    jvm_options: list[str] = field(default_factory=list)  # its JVM's -XX options
 
 
 def kill_and_recover(
@@ -210,12 +214,22 @@ def kill_and_recover(
 
     load.run(RATE, AFTER_MAX_S, MARKERS_PER_S, until=settled)
     waiter.join(timeout=5)
+    kill.phases = start_phases(metrics_url(cfg, victim))
+    restarted = procs.pid_of(victim, cfg.run_dir)
+    kill.jvm_options = jvm_options(restarted) if restarted is not None else []
     return kill
 
 
 # The restarted processor's start phases (services/processor/start_clock.py), in their order.
 START_PHASES = ("imports", "jvm", "session", "jobs_resumed", "first_batch_start", "first_batch")
 START_PHASE_METRIC = "processor_start_phase_seconds"
+
+
+def metrics_url(cfg: StackConfig, victim: str) -> str:
+    """The /metrics page of the processor ``victim``."""
+    if victim == STANDBY_PROCESSOR:
+        return standby_metrics_url(cfg)
+    return f"http://127.0.0.1:{cfg.metrics_ports[1]}/metrics"
 
 
 def start_phases(url: str) -> dict[str, float]:
@@ -244,14 +258,8 @@ def breakdown(
         return out
     spawned = kill.spawned - kill.killed
     out["process_started"] = round(spawned, 2)
-    url = (
-        standby_metrics_url(cfg)
-        if kill.victim == STANDBY_PROCESSOR
-        else f"http://127.0.0.1:{cfg.metrics_ports[1]}/metrics"
-    )
-    phases = start_phases(url)
     for phase in START_PHASES:
-        out[phase] = round(spawned + phases[phase], 2) if phase in phases else None
+        out[phase] = round(spawned + kill.phases[phase], 2) if phase in kill.phases else None
     after = [m for m in markers if m.sent >= kill.killed]
     keys = {m.key for m in after}
     prefix = f"{job_id}|".encode()  # a window result's key: the job, then the window's key
@@ -265,6 +273,14 @@ def breakdown(
     seen = [watch.seen[m.key] for m in after if m.key in watch.seen]
     out["first_in_redis"] = round(min(seen) - kill.killed, 2) if seen else None
     return out
+
+
+def jit_problems(jit: str, options: list[str]) -> list[str]:
+    """Whether the restarted JVM compiles as its variant asked: with ``jit``'s option, or none."""
+    if jit:
+        return [] if jit in options else [f"the restarted JVM runs without {jit}"]
+    stopped = [o for o in options if o.startswith("-XX:TieredStopAtLevel")]
+    return [f"the restarted JVM runs with {stopped[0]}, not the tiered JIT"] if stopped else []
 
 
 def figures(
@@ -293,9 +309,9 @@ def figures(
     freshness = [(m.sent - killed, watch.freshness(m)) for m in around]
     since = recovered_at - killed if recovered_at is not None else float("inf")
     after = [f for t, f in freshness if f is not None and t >= since]
-    restarted = procs.pid_of(kill.victim, cfg.run_dir)
-    options = jvm_options(restarted) if restarted is not None else []
-    jit = JIT_OPTIONS[json.loads((env or {}).get("SF_PROCESSOR_TUNING", "{}")).get("jit", "tiered")]
+    options = kill.jvm_options
+    tuning = json.loads((env or {}).get("SF_PROCESSOR_TUNING", "{}"))
+    jit = JIT_OPTIONS[tuning.get("jit", ProcessorTuning.jit)]
     return {
         "killed": kill.victim,
         "threshold_s": round(kill.threshold, 2),
@@ -311,7 +327,7 @@ def figures(
         "restart_ready_s": round(kill.ready["at"] - killed, 1) if "at" in kill.ready else None,
         "lost_s": transition_s(control, job_id, "FAILING", killed),
         "running_again_s": transition_s(control, job_id, "RUNNING", killed),
-        "jit_problems": [f"the restarted JVM runs without {jit}"] if jit and jit not in options else [],
+        "jit_problems": jit_problems(jit, options),
         # the restarted processor's JVM options from its command line (the JIT's among them)
         "restarted_jvm_xx_options": options,
         # (seconds after the kill the marker was sent, its freshness in seconds) for the chart
