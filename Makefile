@@ -2,12 +2,14 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | cksum | cut -d' ' -f1)
+STAMP  := $(VENV)/.installed-pyc-$(shell cat requirements.lock pyproject.toml | cksum | cut -d' ' -f1)
 UV_VERSION := 0.13.9
 
 .PHONY: setup demo cluster test test-faults test-cluster test-hosts bench chaos lint typecheck unit integration e2e stop status lock clean images test-containers
 
-# A virtualenv with the pinned dependencies of requirements.lock (re-installed when it changes).
+# A virtualenv with the pinned dependencies of requirements.lock (re-installed when it changes),
+# compiled to bytecode: uv installs none, and a service run with PYTHONDONTWRITEBYTECODE would compile
+# every module it imports on every start.
 $(STAMP): requirements.lock pyproject.toml
 	@echo "==> creating the virtualenv in $(VENV) with the pinned dependencies"
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found: install Python 3.11"; exit 1; }
@@ -15,11 +17,13 @@ $(STAMP): requirements.lock pyproject.toml
 	@$(BIN)/pip install -q --disable-pip-version-check uv==$(UV_VERSION)
 	@$(BIN)/uv pip install -q --python $(BIN)/python -r requirements.lock
 	@$(BIN)/uv pip install -q --python $(BIN)/python --no-deps -e .
+	@$(BIN)/python -m compileall -q -j 0 $$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))') >/dev/null
 	@rm -f $(VENV)/.installed-*; touch $@
 
 # Everything a fresh machine needs: the venv, Java check, Kafka and Spark-Kafka jars, redis-server.
 setup: $(STAMP)
 	@$(BIN)/python -m shared.proto.build
+	@$(BIN)/python -m compileall -q -j 0 services shared infra client >/dev/null
 	@$(BIN)/python -m infra setup
 
 demo: setup

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import re
 import shlex
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -249,8 +251,22 @@ def launch_jvm(options: dict[str, str]) -> None:
     os.environ.setdefault("PYSPARK_PYTHON", options.get(PYTHON, sys.executable))
     conf = SparkConf()
     conf.setAll(list(options.items()))
+    # pyspark's first call with arguments into the JVM imports pandas (its numpy converter asks
+    # pyspark.testing which libraries exist): imported while the JVM starts, it is off the wait.
+    threading.Thread(target=_import_quietly, args=(PYSPARK_LIBRARY_CHECK,), daemon=True).start()
     # What SparkContext's constructor does first (pyspark has no public call for the gateway alone).
     SparkContext._ensure_initialized(conf=conf)
+
+
+PYSPARK_LIBRARY_CHECK = "pyspark.testing.utils"
+
+
+def _import_quietly(module: str) -> None:
+    """Import ``module`` ahead of its first use; a failure is left for that use to raise."""
+    try:
+        importlib.import_module(module)
+    except Exception as e:
+        log.debug("importing %s ahead failed: %s", module, e)
 
 
 def build_spark(
