@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import socket
 import sys
@@ -507,3 +508,26 @@ def test_the_stacks_processor_warms_up_before_it_registers(tmp_path: Path) -> No
     warmup_s = float(env["SF_PROCESSOR_WARMUP_S"])
     assert warmup_s > 0
     assert ProcessorSettings(warmup_s=warmup_s).tuning.warmup_backlog_events > 0
+
+
+# ------------------------------------------------------------------------------------------- bytecode
+
+
+def test_set_up_compiles_the_virtualenv_so_a_service_start_compiles_no_dependency() -> None:
+    """uv installs no bytecode and services may run with PYTHONDONTWRITEBYTECODE: the Makefile's
+    virtualenv step compiles it. Checked on modules a processor's start imports."""
+    import grpc
+    import pandas
+    import pyspark.testing.utils
+
+    for module in (pandas, pyspark.testing.utils, grpc):
+        source = Path(str(module.__file__))
+        cached = Path(importlib.util.cache_from_source(str(source)))
+        assert cached.is_file(), f"{source} has no bytecode: `make setup` compiles the virtualenv"
+        header = cached.read_bytes()[:16]
+        stat = source.stat()
+        # The header Python checks before it uses a .pyc: magic, flags (0: by timestamp), mtime, size.
+        assert header[:4] == importlib.util.MAGIC_NUMBER
+        assert int.from_bytes(header[4:8], "little") == 0
+        assert int.from_bytes(header[8:12], "little") == int(stat.st_mtime) & 0xFFFFFFFF
+        assert int.from_bytes(header[12:16], "little") == stat.st_size & 0xFFFFFFFF
