@@ -40,6 +40,8 @@ STATE_MAINTENANCE_INTERVAL = "spark.sql.streaming.stateStore.maintenanceInterval
 OBJECT_HASH_AGG_GROUPS = "spark.sql.objectHashAggregate.sortBased.fallbackThreshold"
 AUTHENTICATE = "spark.authenticate"
 PYTHON = "spark.pyspark.python"
+# What pyspark's first call into the JVM imports to learn which libraries exist (pandas among them).
+PYSPARK_LIBRARY_CHECK = "pyspark.testing.utils"
 
 
 # local, local[N], local[*] and local[N,F] (F: task failures allowed)
@@ -256,9 +258,6 @@ def launch_jvm(options: dict[str, str]) -> None:
     threading.Thread(target=_import_quietly, args=(PYSPARK_LIBRARY_CHECK,), daemon=True).start()
     # What SparkContext's constructor does first (pyspark has no public call for the gateway alone).
     SparkContext._ensure_initialized(conf=conf)
-
-
-PYSPARK_LIBRARY_CHECK = "pyspark.testing.utils"
 
 
 def _import_quietly(module: str) -> None:
