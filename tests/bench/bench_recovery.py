@@ -49,7 +49,6 @@ from infra.local.stack import (
     start_service,
     start_standby_processor,
     wait_process_ready,
-    wait_service_ready,
 )
 from services.processor.settings import ProcessorTuning
 from services.processor.spark.session import JIT_OPTIONS
@@ -193,10 +192,9 @@ def kill_and_recover(
         kill.spawned = time.time()
         if victim == STANDBY_PROCESSOR:
             start_standby_processor(cfg, wait=False)
-            wait_process_ready(cfg, victim, standby_metrics_url(cfg), AFTER_MAX_S)
         else:
             start_service(cfg, "processor", env)
-            wait_service_ready(cfg, "processor", timeout_s=AFTER_MAX_S)
+        wait_process_ready(cfg, victim, metrics_url(cfg, victim), AFTER_MAX_S)
         kill.ready["at"] = time.time()
 
     waiter = threading.Thread(target=wait_ready, daemon=True)
@@ -279,7 +277,8 @@ def jit_problems(jit: str, options: list[str]) -> list[str]:
     """Whether the restarted JVM compiles as its variant asked: with ``jit``'s option, or none."""
     if jit:
         return [] if jit in options else [f"the restarted JVM runs without {jit}"]
-    stopped = [o for o in options if o.startswith("-XX:TieredStopAtLevel")]
+    quick_flag = JIT_OPTIONS["quick"].split("=", 1)[0]
+    stopped = [o for o in options if o.startswith(quick_flag)]
     return [f"the restarted JVM runs with {stopped[0]}, not the tiered JIT"] if stopped else []
 
 
